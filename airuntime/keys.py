@@ -1,0 +1,164 @@
+"""Every Redis key airuntime uses is built here, and only here.
+
+Keeping the schema in one module makes it reviewable (this docstring is the table),
+keeps Lua scripts and Python in agreement about key order, and keeps every key of
+one execution in one hash slot (``{e:<ExecutionId>}``) so multi-key scripts work on
+Redis Cluster.
+
+Per execution (hash tag ``{e:<eid>}``; all get the execution's retention TTL when the
+execution is finalized; before that they have no TTL):
+
+=====================================  ======  =====================================================
+key                                    type    content / written by
+=====================================  ======  =====================================================
+``air:{e:E}:meta``                     hash    status, control, counters (total, done, completed,
+                                               failed, skipped, cancelled, running, waiting_input),
+                                               timings, tenant, context snapshot, claim_seq.
+                                               createExecution, every transition script.
+``air:{e:E}:plan``                     string  compiled plan JSON (workers rebuild the plan). create.
+``air:{e:E}:status``                   hash    step -> pending|ready|running|retry_wait|input_wait|
+                                               completed|failed|skipped|cancelled. all scripts.
+``air:{e:E}:pending``                  hash    step -> number of unfinished dependencies. create,
+                                               completeSteps, provideInput.
+``air:{e:E}:children``                 hash    step -> comma-separated dependents. create.
+``air:{e:E}:order``                    hash    step -> topological index (ready-set score). create.
+``air:{e:E}:kind``                     hash    step -> ``t`` (throttled) or ``i`` (input); absent for
+                                               plain steps. create.
+``air:{e:E}:ready``                    zset    claimable plain steps, score = order. readiness.
+``air:{e:E}:ready_throttled``          zset    claimable throttled steps, score = order.
+``air:{e:E}:delayed``                  zset    WaitingForRetry steps, score = next_retry_at (ms).
+``air:{e:E}:running``                  zset    Running steps, score = lease expiry (ms).
+``air:{e:E}:attempt``                  hash    step -> current 1-based attempt. failStep.
+``air:{e:E}:token``                    hash    step -> claim token of the current owner. claims.
+``air:{e:E}:owner``                    hash    step -> worker id of the last claim/completion.
+``air:{e:E}:out``                      hash    step -> output JSON. completeSteps, provideInput.
+``air:{e:E}:err``                      hash    step -> last error text. failStep.
+``air:{e:E}:times``                    hash    ``c:<step>`` claimed-at ms, ``f:<step>`` finished ms,
+                                               ``r:<step>`` next retry ms.
+``air:{e:E}:refs``                     hash    step -> comma-separated steps whose outputs it reads
+                                               (returned with the claim). create.
+``air:{e:E}:max_attempts``             hash    step -> retry budget (only when > 1). create.
+``air:{e:E}:events``                   stream  the ledger: one entry per transition.
+``air:{e:E}:snapshot``                 string  terminal snapshot JSON. finalization.
+=====================================  ======  =====================================================
+
+Global:
+
+==========================  ======  ========================================================
+``air:executions``          zset    execution id -> created ms (listing). Python, after create.
+``air:executions:active``   zset    non-terminal executions (adoption by other instances).
+``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
+                                    lease expiry ms. acquireLease/renewLease/releaseLease.
+==========================  ======  ========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "air"
+
+#: Order of the per-execution keys passed to every execution script (``KEYS[i]``).
+EXECUTION_KEY_SUFFIXES: tuple[str, ...] = (
+    "meta",
+    "plan",
+    "status",
+    "pending",
+    "children",
+    "order",
+    "kind",
+    "ready",
+    "ready_throttled",
+    "delayed",
+    "running",
+    "attempt",
+    "token",
+    "owner",
+    "out",
+    "err",
+    "times",
+    "refs",
+    "max_attempts",
+    "events",
+    "snapshot",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionKeys:
+    """All keys of one execution, in script order."""
+
+    execution_id: str
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}:{{e:{self.execution_id}}}"
+
+    def key(self, suffix: str) -> str:
+        if suffix not in EXECUTION_KEY_SUFFIXES:
+            raise KeyError(f"unknown execution key suffix {suffix!r}")
+        return f"{self.tag}:{suffix}"
+
+    def all(self) -> list[str]:
+        return [f"{self.tag}:{s}" for s in EXECUTION_KEY_SUFFIXES]
+
+    @property
+    def meta(self) -> str:
+        return self.key("meta")
+
+    @property
+    def plan(self) -> str:
+        return self.key("plan")
+
+    @property
+    def status(self) -> str:
+        return self.key("status")
+
+    @property
+    def events(self) -> str:
+        return self.key("events")
+
+    @property
+    def snapshot(self) -> str:
+        return self.key("snapshot")
+
+    @property
+    def out(self) -> str:
+        return self.key("out")
+
+    @property
+    def running(self) -> str:
+        return self.key("running")
+
+    @property
+    def ready(self) -> str:
+        return self.key("ready")
+
+    @property
+    def ready_throttled(self) -> str:
+        return self.key("ready_throttled")
+
+    @property
+    def attempt(self) -> str:
+        return self.key("attempt")
+
+    @property
+    def token(self) -> str:
+        return self.key("token")
+
+
+def execution_keys(execution_id: str) -> ExecutionKeys:
+    return ExecutionKeys(execution_id)
+
+
+def executions_index() -> str:
+    return f"{PREFIX}:executions"
+
+
+def active_executions() -> str:
+    return f"{PREFIX}:executions:active"
+
+
+def lease_holders(scope: str) -> str:
+    """Holders of one throttle scope's concurrency leases (own hash slot per scope)."""
+    return f"{PREFIX}:{{l:{scope}}}:holders"

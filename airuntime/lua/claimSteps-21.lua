@@ -1,0 +1,58 @@
+--[[
+  Claim up to N ready (unthrottled) steps for one owner, in topological order.
+
+  Before claiming: retry-due steps become ready and Running steps whose lease
+  expired return to Ready with their attempt count unchanged (recovery is not a
+  retry). Claims happen only while the execution status is Running (Pausing,
+  Paused, WaitingForInput, Cancelling, Failing and terminal states block them);
+  a blocked call still recovers and may finalize. Each claimed step gets a fresh
+  claim token, its lease expiry in the running set and a `step_claimed` entry.
+
+  Input:
+    KEYS[1..21] the execution's keys
+    ARGV[1] owner (worker id)
+    ARGV[2] maximum number of steps to claim
+    ARGV[3] lease, milliseconds
+    ARGV[4] maximum number of due retries / expired leases to move in this call
+
+  Output:
+    {-1}                                   execution not found
+    {status, wakeMs, n, throttledReady,
+     [step, token, attempt, nrefs, (ref, outputJSON) * nrefs] * n}
+      status: execution status after the call; wakeMs: ms until the next retry
+      or lease expiry (-1 none) so idle workers sleep exactly as long as needed;
+      throttledReady: ready steps that need a concurrency lease (claimStep path).
+]]
+--- @include "execKeys"
+--- @include "nowMs"
+--- @include "emit"
+--- @include "enqueueReady"
+--- @include "refreshStatus"
+--- @include "moveDue"
+--- @include "nextWake"
+--- @include "readOutputs"
+--- @include "claimReady"
+--- @include "finalize"
+
+if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local owner = ARGV[1]
+local want = tonumber(ARGV[2])
+local leaseMs = tonumber(ARGV[3])
+local now = nowMs()
+
+local terminal = redis.call('HGET', metaKey, 'terminal')
+if terminal and terminal ~= '' then return {terminal, -1, 0, 0} end
+
+moveDue(now, tonumber(ARGV[4]))
+local status = refreshStatus()
+if status ~= 'Running' then
+  local final = finalizeIfDone(now)
+  if final then return {final, -1, 0, 0} end
+  return {status, nextWake(now), 0, 0}
+end
+
+local result = {status, 0, 0, redis.call('ZCARD', readyThrottledKey)}
+local claimed = claimReady(owner, want, leaseMs, now, result)
+result[3] = claimed
+if claimed == 0 then result[2] = nextWake(now) end
+return result

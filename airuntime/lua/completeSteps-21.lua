@@ -1,0 +1,85 @@
+--[[
+  Complete a batch of owned steps, then (like BullMQ's moveToFinished) claim up
+  to M ready steps for the same worker in the same call, so a worker that keeps
+  busy pays less than one round trip per step. Each completion must present the
+  claim token of the current claim: a stale worker (its claim expired and was
+  recovered, or re-claimed by someone else) is rejected and changes nothing. A
+  completed step releases its dependents (O(children)); the last completion
+  finalizes.
+
+  Input:
+    KEYS[1..21] the execution's keys
+    ARGV[1] owner id for the claims made afterwards
+    ARGV[2] maximum number of steps to claim afterwards (0 = none)
+    ARGV[3] lease for those claims, milliseconds
+    ARGV[4 + 4*(i-1) ..] per completion: step id, claim token, worker id, output JSON
+
+  Output:
+    {-1}  execution not found
+    {status, readied, n, code_1, ..., code_n, throttledReady, claimed,
+     [step, token, attempt, nrefs, (ref, outputJSON) * nrefs] * claimed}
+      status: execution status (terminal status if this call finalized)
+      code_i: 1 accepted, -2 step not found, -3 stale claim token,
+              -4 step not Running
+]]
+--- @include "execKeys"
+--- @include "nowMs"
+--- @include "emit"
+--- @include "enqueueReady"
+--- @include "releaseChildren"
+--- @include "refreshStatus"
+--- @include "finalize"
+--- @include "readOutputs"
+--- @include "claimReady"
+
+if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local owner = ARGV[1]
+local now = nowMs()
+local result = {'', 0, 0}
+local accepted = 0
+local readied = 0
+for i = 4, #ARGV, 4 do
+  local step, token, worker, output = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local st = redis.call('HGET', statusKey, step)
+  local code
+  if not st then
+    code = -2
+  elseif redis.call('HGET', tokenKey, step) ~= token then
+    code = -3
+  elseif st ~= 'running' then
+    code = -4
+  else
+    code = 1
+    accepted = accepted + 1
+    redis.call('HSET', statusKey, step, 'completed')
+    redis.call('HSET', outKey, step, output)
+    redis.call('HSET', ownerKey, step, worker)
+    redis.call('HSET', timesKey, 'f:' .. step, now)
+    redis.call('ZREM', runningKey, step)
+    emit('type', 'step_completed', 'step', step, 'worker', worker, 'token', token,
+      'attempt', redis.call('HGET', attemptKey, step) or '1')
+    readied = readied + releaseChildren(step)
+  end
+  if code ~= 1 then
+    emit('type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
+  end
+  result[#result + 1] = code
+end
+if accepted > 0 then
+  redis.call('HINCRBY', metaKey, 'completed', accepted)
+  redis.call('HINCRBY', metaKey, 'done', accepted)
+  redis.call('HINCRBY', metaKey, 'running', -accepted)
+end
+local status = refreshStatus()
+local final = finalizeIfDone(now)
+result[1] = final or status
+result[2] = readied
+result[3] = #result - 3
+local throttledAt = #result + 1
+result[throttledAt] = 0
+result[throttledAt + 1] = 0
+if not final and status == 'Running' then
+  result[throttledAt] = redis.call('ZCARD', readyThrottledKey)
+  result[throttledAt + 1] = claimReady(owner, tonumber(ARGV[2]), tonumber(ARGV[3]), now, result)
+end
+return result

@@ -1,0 +1,72 @@
+--[[
+  Create an execution: its metadata, the static DAG (children, order, kinds,
+  references, retry budgets), every step Pending, and the root steps Ready.
+  Idempotent: creating the same execution id with the same plan digest again
+  returns 0 and changes nothing.
+
+  Input:
+    KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES)
+    ARGV[1]  execution id
+    ARGV[2]  plan JSON
+    ARGV[3]  plan digest
+    ARGV[4]  pipeline id
+    ARGV[5]  failure policy (fail_fast | continue)
+    ARGV[6]  retention after finalization, seconds (0 = keep)
+    ARGV[7]  tenant id
+    ARGV[8]  execution context snapshot JSON
+    ARGV[9]  run inputs JSON
+    ARGV[10] number of steps N
+    ARGV[11 + 7*(i-1) .. ] per step: id, order, number of dependencies,
+             children (comma-separated), refs (comma-separated), kind ('' | t | i),
+             max attempts
+
+  Output:
+    {1, status}  created
+    {0, status}  already existed with the same plan digest
+    {-9}         already exists with a different plan
+]]
+--- @include "execKeys"
+--- @include "nowMs"
+--- @include "emit"
+--- @include "enqueueReady"
+--- @include "refreshStatus"
+--- @include "finalize"
+
+if redis.call('EXISTS', metaKey) == 1 then
+  if redis.call('HGET', metaKey, 'plan_digest') == ARGV[3] then
+    return {0, redis.call('HGET', metaKey, 'status')}
+  end
+  return {-9}
+end
+
+local now = nowMs()
+local n = tonumber(ARGV[10])
+redis.call('HSET', metaKey,
+  'execution_id', ARGV[1], 'plan_digest', ARGV[3], 'pipeline_id', ARGV[4],
+  'failure_policy', ARGV[5], 'retention_s', ARGV[6], 'tenant_id', ARGV[7],
+  'context', ARGV[8], 'inputs', ARGV[9], 'total', n, 'done', 0, 'completed', 0,
+  'failed', 0, 'skipped', 0, 'cancelled', 0, 'running', 0, 'waiting_input', 0,
+  'claim_seq', 0, 'created_at', now, 'status', 'Running')
+redis.call('SET', planKey, ARGV[2])
+
+local roots = {}
+for i = 0, n - 1 do
+  local base = 11 + 7 * i
+  local step = ARGV[base]
+  redis.call('HSET', statusKey, step, 'pending')
+  redis.call('HSET', orderKey, step, ARGV[base + 1])
+  local ndeps = tonumber(ARGV[base + 2])
+  if ndeps > 0 then
+    redis.call('HSET', pendingKey, step, ndeps)
+  else
+    roots[#roots + 1] = step
+  end
+  if ARGV[base + 3] ~= '' then redis.call('HSET', childrenKey, step, ARGV[base + 3]) end
+  if ARGV[base + 4] ~= '' then redis.call('HSET', refsKey, step, ARGV[base + 4]) end
+  if ARGV[base + 5] ~= '' then redis.call('HSET', kindKey, step, ARGV[base + 5]) end
+  if tonumber(ARGV[base + 6]) > 1 then redis.call('HSET', maxAttemptsKey, step, ARGV[base + 6]) end
+end
+emit('type', 'execution_created', 'pipeline', ARGV[4], 'steps', n, 'tenant', ARGV[7])
+for _, step in ipairs(roots) do enqueueReady(step) end
+local status = refreshStatus()
+return {1, status}

@@ -1,0 +1,24 @@
+--[[
+  Finalize the execution if it is terminal. Safe to call any number of times from
+  any number of workers: the terminal status, snapshot and `execution_finalized`
+  ledger entry are written once.
+
+  Input:
+    KEYS[1..21] the execution's keys
+
+  Output:
+    {-1} not found
+    {1, terminalStatus}   finalized (now or before)
+    {0, status}           not terminal yet
+]]
+--- @include "execKeys"
+--- @include "nowMs"
+--- @include "emit"
+--- @include "refreshStatus"
+--- @include "finalize"
+
+if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local status = refreshStatus()
+local final = finalizeIfDone(nowMs())
+if final then return {1, final} end
+return {0, status}

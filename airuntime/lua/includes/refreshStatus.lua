@@ -1,0 +1,21 @@
+-- Derive the execution status from its control fields and counters and store it.
+-- Only 'Running' allows new claims.
+local function refreshStatus()
+  local m = redis.call('HMGET', metaKey, 'terminal', 'control', 'failing', 'running', 'waiting_input')
+  local status
+  if m[1] and m[1] ~= '' then
+    status = m[1]
+  elseif m[2] == 'cancel' then
+    status = 'Cancelling'
+  elseif m[3] == '1' then
+    status = 'Failing'
+  elseif m[2] == 'pause' then
+    if tonumber(m[4] or '0') > 0 then status = 'Pausing' else status = 'Paused' end
+  elseif tonumber(m[5] or '0') > 0 then
+    status = 'WaitingForInput'
+  else
+    status = 'Running'
+  end
+  redis.call('HSET', metaKey, 'status', status)
+  return status
+end
