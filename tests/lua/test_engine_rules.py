@@ -1,0 +1,389 @@
+"""Every engine rule of DESIGN §5, exercised on the Lua transitions of a real server.
+
+Each test runs once on the embedded Valkey and once on Debian's redis-server 7.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+from redis.asyncio import Redis
+
+from airuntime import keys
+from airuntime.errors import (
+    ExecutionExists,
+    ExecutionNotFound,
+    ExecutionTerminal,
+    InvalidTransition,
+    StepNotFound,
+)
+from airuntime.execution_store import ExecutionStore
+from tests.dags import chain, fan, plan_of
+
+
+@pytest.fixture
+def store(redis: Redis) -> ExecutionStore:
+    return ExecutionStore(redis)
+
+
+async def _expire_and_recover(store: ExecutionStore, eid: str, expected: int = 1) -> int:
+    """Wait (on the server's clock) until ``expected`` 1 ms leases have expired and recover them."""
+    recovered = 0
+    for _ in range(2000):
+        recovered += (await store.recover(eid)).recovered
+        if recovered >= expected:
+            return recovered
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"only {recovered} of {expected} leases were recovered")
+
+
+async def test_create_is_idempotent_for_the_same_plan(store: ExecutionStore) -> None:
+    plan = plan_of({"a": [], "b": ["a"]})
+    eid = await store.create(plan, execution_id="e1")
+    assert await store.create(plan, execution_id="e1") == eid
+    assert (await store.info(eid)).total == 2
+    other = plan_of({"a": [], "c": ["a"]})
+    with pytest.raises(ExecutionExists, match="e1"):
+        await store.create(other, execution_id="e1")
+
+
+async def test_only_roots_are_ready_and_claims_follow_topological_order(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": [], "b": ["a"], "c": [], "d": ["b", "c"]}))
+    batch = await store.claim(eid, "w", 10, 30_000)
+    assert [c.step_id for c in batch.claims] == ["a", "c"]
+    states = await store.step_states(eid)
+    assert states == {"a": "running", "b": "pending", "c": "running", "d": "pending"}
+    assert (await store.claim(eid, "w", 10, 30_000)).claims == []
+
+
+async def test_claim_errors_name_the_execution_and_step(store: ExecutionStore) -> None:
+    with pytest.raises(ExecutionNotFound, match="nope"):
+        await store.claim("nope", "w", 1, 1000)
+    eid = await store.create(plan_of({"a": [], "b": ["a"]}))
+    with pytest.raises(StepNotFound, match="'zz'"):
+        await store.claim_step(eid, "w", "zz", 1000)
+    with pytest.raises(InvalidTransition, match="'b'"):
+        await store.claim_step(eid, "w", "b", 1000)
+
+
+async def test_many_contenders_claim_every_step_exactly_once(store: ExecutionStore) -> None:
+    n_steps, contenders = 300, 50
+    eid = await store.create(plan_of({f"s{i}": [] for i in range(n_steps)}))
+    gate = asyncio.Event()
+
+    async def contender(i: int) -> list[str]:
+        await gate.wait()
+        got: list[str] = []
+        while True:
+            batch = await store.claim(eid, f"w{i}", 3, 30_000)
+            if not batch.claims:
+                return got
+            got += [c.step_id for c in batch.claims]
+
+    tasks = [asyncio.create_task(contender(i)) for i in range(contenders)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    claimed = Counter(s for r in results for s in r)
+    assert len(claimed) == n_steps
+    assert set(claimed.values()) == {1}
+    assert sum(1 for r in results if r) > 1, "expected several contenders to win steps"
+    tokens = await store.redis.hvals(keys.execution_keys(eid).token)
+    assert len(set(tokens)) == n_steps
+
+
+async def test_completion_requires_the_current_claim_token(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": [], "b": ["a"]}))
+    (claim,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    wrong = await store.complete(eid, "w", [("a", claim.token + "x", "w", "1")])
+    assert wrong.codes == [-3]
+    assert (await store.step_states(eid))["a"] == "running"
+    ok = await store.complete(eid, "w", [("a", claim.token, "w", "1")])
+    assert ok.codes == [1] and ok.readied == 1
+    again = await store.complete(eid, "w", [("a", claim.token, "w", "2")])
+    assert again.codes == [-4], "a second completion of a completed step must be refused"
+    assert json.loads(await store.redis.hget(keys.execution_keys(eid).out, "a")) == 1
+
+
+async def test_stale_workers_late_completion_is_rejected(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": []}))
+    (stale,) = (await store.claim(eid, "worker-a", 1, 1)).claims
+    await _expire_and_recover(store, eid)
+    (fresh,) = (await store.claim(eid, "worker-b", 1, 30_000)).claims
+    assert fresh.token != stale.token
+    late = await store.complete(eid, "worker-a", [("a", stale.token, "worker-a", '"stale"')])
+    assert late.codes == [-3]
+    with pytest.raises(Exception, match="no longer owned"):
+        await store.fail(eid, "worker-a", "a", stale.token, "boom")
+    done = await store.complete(eid, "worker-b", [("a", fresh.token, "worker-b", '"fresh"')])
+    assert done.codes == [1] and done.status == "Succeeded"
+    snap = await store.snapshot(eid)
+    assert snap is not None and snap["steps"]["a"]["output"] == "fresh"
+    rejected = [e for e in await store.events(eid) if e.type == "completion_rejected"]
+    assert [e.get("token") for e in rejected] == [stale.token]
+
+
+async def test_recovered_step_keeps_its_attempt_count(store: ExecutionStore) -> None:
+    plan = plan_of({"a": []}, steps={"a": {"retry": {"max_attempts": 3}}})
+    eid = await store.create(plan)
+    (c1,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    assert c1.attempt == 1
+    r = await store.fail(eid, "w", "a", c1.token, "transient", delay_ms=0)
+    assert (r.outcome, r.attempt) == ("retry", 2)
+    (c2,) = (await store.claim(eid, "w", 1, 1)).claims
+    assert c2.attempt == 2
+    await _expire_and_recover(store, eid)
+    (c3,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    assert c3.attempt == 2, "recovery must not consume retry budget"
+    r = await store.fail(eid, "w", "a", c3.token, "transient", delay_ms=0)
+    assert (r.outcome, r.attempt) == ("retry", 3)
+    recovered = [e for e in await store.events(eid) if e.type == "step_recovered"]
+    assert len(recovered) == 1 and recovered[0].get("attempt") == "2"
+
+
+async def test_a_step_waiting_for_retry_is_not_claimable_before_next_retry_at(store: ExecutionStore) -> None:
+    plan = plan_of({"slow": [], "fast": []}, steps={s: {"retry": {"max_attempts": 2}} for s in ("slow", "fast")})
+    eid = await store.create(plan)
+    claims = {c.step_id: c for c in (await store.claim(eid, "w", 2, 30_000)).claims}
+    far = await store.fail(eid, "w", "slow", claims["slow"].token, "x", delay_ms=3_600_000)
+    now = await store.fail(eid, "w", "fast", claims["fast"].token, "x", delay_ms=0)
+    assert far.outcome == now.outcome == "retry"
+    assert (await store.step_states(eid))["slow"] == "retry_wait"
+    batch = await store.claim(eid, "w", 5, 30_000)
+    assert [c.step_id for c in batch.claims] == ["fast"], "only the due retry is claimable"
+    (fast,) = batch.claims
+    assert fast.attempt == 2
+    await store.complete(eid, "w", [("fast", fast.token, "w", "1")])
+    batch = await store.claim(eid, "w", 5, 30_000)
+    assert batch.claims == []
+    assert 3_500_000 < batch.wake_ms <= 3_600_000, "idle workers learn when the retry opens"
+    ledger = [e for e in await store.events(eid) if e.type == "step_retry_scheduled"]
+    assert {e.get("step") for e in ledger} == {"slow", "fast"}
+
+
+async def test_retry_budget_exhausted_fails_the_step(store: ExecutionStore) -> None:
+    plan = plan_of({"a": []}, steps={"a": {"retry": {"max_attempts": 2}}})
+    eid = await store.create(plan)
+    (c,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    assert (await store.fail(eid, "w", "a", c.token, "e1")).outcome == "retry"
+    (c,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    r = await store.fail(eid, "w", "a", c.token, "e2")
+    assert (r.outcome, r.attempt, r.status) == ("failed", 2, "Failed")
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["steps"]["a"] == {**snap["steps"]["a"], "status": "failed", "attempts": 2, "error": "e2"}
+
+
+async def test_non_retryable_failure_fails_at_once(store: ExecutionStore) -> None:
+    plan = plan_of({"a": []}, steps={"a": {"retry": {"max_attempts": 5}}})
+    eid = await store.create(plan)
+    (c,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    r = await store.fail(eid, "w", "a", c.token, "bad input", retryable=False)
+    assert (r.outcome, r.attempt) == ("failed", 1)
+
+
+async def test_fail_fast_blocks_claims_and_finalizes_after_running_steps_drain(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": [], "b": [], "c": [], "d": ["a"]}))
+    claims = {c.step_id: c for c in (await store.claim(eid, "w", 2, 30_000)).claims}
+    assert set(claims) == {"a", "b"}
+    r = await store.fail(eid, "w", "a", claims["a"].token, "boom", retryable=False)
+    assert r.status == "Failing"
+    assert (await store.claim(eid, "w", 5, 30_000)).claims == [], "no claim while failing"
+    done = await store.complete(eid, "w", [("b", claims["b"].token, "w", "null")])
+    assert done.codes == [1] and done.status == "Failed"
+    states = await store.step_states(eid)
+    assert states == {"a": "failed", "b": "completed", "c": "skipped", "d": "skipped"}
+
+
+async def test_continue_policy_skips_only_descendants(store: ExecutionStore) -> None:
+    dag = {"a": [], "a1": ["a"], "a2": ["a1"], "b": [], "b1": ["b"], "j": ["a2", "b1"]}
+    eid = await store.create(plan_of(dag, failure_policy="continue"))
+    claims = {c.step_id: c for c in (await store.claim(eid, "w", 5, 30_000)).claims}
+    await store.fail(eid, "w", "a", claims["a"].token, "boom", retryable=False)
+    r = await store.complete(eid, "w", [("b", claims["b"].token, "w", "1")], claim_next=5)
+    assert [c.step_id for c in r.claims] == ["b1"], "the independent branch keeps running"
+    r = await store.complete(eid, "w", [("b1", r.claims[0].token, "w", "2")], claim_next=5)
+    assert r.status == "Failed"
+    states = await store.step_states(eid)
+    assert states == {
+        "a": "failed", "a1": "skipped", "a2": "skipped", "b": "completed", "b1": "completed", "j": "skipped"
+    }
+
+
+async def test_pause_blocks_new_claims_while_running_steps_drain(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({f"s{i}": [] for i in range(4)}))
+    running = (await store.claim(eid, "w", 2, 30_000)).claims
+    assert await store.pause(eid, "op") == "Pausing"
+    blocked = await store.claim(eid, "w", 5, 30_000)
+    assert (blocked.status, blocked.claims) == ("Pausing", [])
+    first = await store.complete(eid, "w", [(running[0].step_id, running[0].token, "w", "0")], claim_next=5)
+    assert first.codes == [1] and first.claims == [] and first.status == "Pausing"
+    last = await store.complete(eid, "w", [(running[1].step_id, running[1].token, "w", "0")])
+    assert last.status == "Paused"
+    assert (await store.claim(eid, "w", 5, 30_000)).claims == []
+    assert await store.resume(eid, "op") == "Running"
+    assert len((await store.claim(eid, "w", 5, 30_000)).claims) == 2
+
+
+async def test_cancel_blocks_claims_drains_and_ends_cancelled(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": [], "b": [], "c": ["a"]}))
+    (a,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    assert await store.cancel(eid, "user") == "Cancelling"
+    assert (await store.claim(eid, "w", 5, 30_000)).claims == []
+    with pytest.raises(InvalidTransition):
+        await store.pause(eid)
+    r = await store.complete(eid, "w", [("a", a.token, "w", "1")])
+    assert r.status == "Cancelled"
+    assert await store.step_states(eid) == {"a": "completed", "b": "cancelled", "c": "cancelled"}
+    with pytest.raises(ExecutionTerminal, match="Cancelled"):
+        await store.cancel(eid)
+
+
+async def test_cancel_with_nothing_running_finalizes_at_once(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": [], "b": ["a"]}))
+    assert await store.cancel(eid) == "Cancelled"
+    assert (await store.snapshot(eid) or {})["status"] == "Cancelled"
+
+
+async def test_cancel_wins_over_a_racing_natural_completion(store: ExecutionStore) -> None:
+    """The last step's completion and a cancel race, released by one gate, 40 times.
+
+    Whenever the cancel was accepted before finalization the execution ends Cancelled
+    (even though every step completed); it ends Succeeded only when the cancel was
+    refused as too late. Both are consistent with the ledger order, and there is never
+    a second terminal event.
+    """
+    outcomes: Counter[str] = Counter()
+    for round_ in range(40):
+        eid = await store.create(plan_of({"a": [], "last": ["a"]}), execution_id=f"race-{round_}")
+        (a,) = (await store.claim(eid, "w", 1, 30_000)).claims
+        (last,) = (await store.complete(eid, "w", [("a", a.token, "w", "1")], claim_next=1)).claims
+        gate = asyncio.Event()
+
+        async def complete_last() -> str:
+            await gate.wait()
+            return (await store.complete(eid, "w", [("last", last.token, "w", "2")])).status
+
+        async def cancel() -> str:
+            await gate.wait()
+            try:
+                return await store.cancel(eid, "racer")
+            except ExecutionTerminal:
+                return "refused"
+
+        racers = [complete_last, cancel] if round_ % 2 else [cancel, complete_last]
+        tasks = [asyncio.create_task(r()) for r in racers]
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*tasks)
+        final = (await store.info(eid)).status
+        events = [e.type for e in await store.events(eid)]
+        assert events.count("execution_finalized") == 1
+        if "cancel_requested" in events:
+            assert events.index("cancel_requested") < events.index("execution_finalized")
+            assert final == "Cancelled"
+        else:
+            assert final == "Succeeded"
+        outcomes[final] += 1
+        assert (await store.step_states(eid))["last"] == "completed"
+    assert outcomes["Cancelled"] > 0 and outcomes["Succeeded"] > 0, outcomes
+
+
+async def test_finalization_is_idempotent_under_contention(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": []}))
+    (a,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    assert await store.finalize(eid) is None, "not terminal while a step runs"
+    await store.complete(eid, "w", [("a", a.token, "w", "1")])
+    gate = asyncio.Event()
+
+    async def finalize() -> str | None:
+        await gate.wait()
+        return await store.finalize(eid)
+
+    tasks = [asyncio.create_task(finalize()) for _ in range(30)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert set(await asyncio.gather(*tasks)) == {"Succeeded"}
+    events = [e.type for e in await store.events(eid)]
+    assert events.count("execution_finalized") == 1
+    assert await store.redis.ttl(keys.execution_keys(eid).meta) > 0, "retention TTL applied"
+
+
+async def test_input_step_blocks_claims_until_input_is_provided(store: ExecutionStore) -> None:
+    plan = plan_of({"draft": [], "approve": ["draft"], "other": ["draft"], "publish": ["approve"]},
+                   steps={"approve": {"uses": "input"}})
+    eid = await store.create(plan)
+    (d,) = (await store.claim(eid, "w", 5, 30_000)).claims
+    r = await store.complete(eid, "w", [("draft", d.token, "w", '"text"')], claim_next=5)
+    assert r.status == "WaitingForInput" and r.claims == []
+    assert (await store.claim(eid, "w", 5, 30_000)).claims == [], "WaitingForInput blocks claims"
+    with pytest.raises(InvalidTransition):
+        await store.provide_input(eid, "publish", True)
+    assert await store.provide_input(eid, "approve", {"ok": True}, actor="alice") == "Running"
+    batch = await store.claim(eid, "w", 5, 30_000)
+    assert sorted(c.step_id for c in batch.claims) == ["other", "publish"]
+    publish = next(c for c in batch.claims if c.step_id == "publish")
+    assert publish.ref_outputs == {}
+
+
+async def test_claim_returns_outputs_of_referenced_steps(store: ExecutionStore) -> None:
+    plan = plan_of(
+        {"a": [], "b": []}, steps={"b": {"uses": "echo", "with": {"value": "${steps.a.output.n}"}}}
+    )
+    eid = await store.create(plan)
+    (a,) = (await store.claim(eid, "w", 5, 30_000)).claims
+    r = await store.complete(eid, "w", [("a", a.token, "w", '{"n": 7}')], claim_next=5)
+    (b,) = r.claims
+    assert b.ref_outputs == {"a": {"n": 7}}
+
+
+async def test_renewal_extends_live_claims_and_reports_lost_ones(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": [], "b": []}))
+    a, b = (await store.claim(eid, "w", 2, 30_000)).claims
+    assert await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")]) == [True, False]
+    score = await store.redis.zscore(keys.execution_keys(eid).running, a.step_id)
+    assert score is not None
+
+
+async def test_claim_work_does_not_grow_with_the_size_of_the_dag(store: ExecutionStore) -> None:
+    """Ready steps are found without scanning: claiming and completing a step of a
+    20,000-step execution runs as many Redis commands as in a 20-step one."""
+
+    async def commands_for_one_step(n: int) -> int:
+        eid = await store.create(plan_of(fan(n)))
+        (root,) = (await store.claim(eid, "w", 1, 30_000)).claims
+        r = await store.complete(eid, "w", [("root", root.token, "w", "null")])
+        assert r.readied == n
+        before = await _commands_run(store.redis)
+        (step,) = (await store.claim(eid, "w", 1, 30_000)).claims
+        await store.complete(eid, "w", [(step.step_id, step.token, "w", "null")])
+        return await _commands_run(store.redis) - before
+
+    small, large = await commands_for_one_step(20), await commands_for_one_step(20_000)
+    assert small == large
+
+
+async def _commands_run(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if not k.endswith("info"))
+
+
+async def test_terminal_snapshot_records_statuses_attempts_outputs_and_timings(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of(chain(3)))
+    owner = "w"
+    r = await store.claim(eid, owner, 1, 30_000)
+    claims = r.claims
+    while claims:
+        c = claims[0]
+        res = await store.complete(eid, owner, [(c.step_id, c.token, "w1", json.dumps({"s": c.step_id}))], claim_next=1)
+        claims = res.claims
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["status"] == "Succeeded" and snap["counts"]["completed"] == 3
+    for sid in ("c0", "c1", "c2"):
+        st = snap["steps"][sid]
+        assert st["output"] == {"s": sid} and st["attempts"] == 1 and st["worker"] == "w1"
+        assert st["finished_at_ms"] >= st["claimed_at_ms"] > 0
