@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from airuntime.handlers import HandlerRegistry
 from airuntime.pipeline import Plan, compile_pipeline, parse_pipeline
 
 
@@ -16,6 +17,7 @@ def plan_of(
     uses: str = "noop",
     steps: dict[str, dict[str, Any]] | None = None,
     throttle: list[dict[str, Any]] | None = None,
+    registry: HandlerRegistry | None = None,
 ) -> Plan:
     """A plan whose step ``s`` depends on ``deps[s]``; ``steps[s]`` overrides fields."""
     specs = []
@@ -26,7 +28,7 @@ def plan_of(
     doc: dict[str, Any] = {"id": pipeline_id, "failure_policy": failure_policy, "steps": specs}
     if throttle:
         doc["throttle"] = throttle
-    return compile_pipeline(parse_pipeline(doc))
+    return compile_pipeline(parse_pipeline(doc), registry)
 
 
 def fan(n: int) -> dict[str, list[str]]:
