@@ -1,0 +1,1 @@
+"""runtime_pod: the per-instance runtime process (step admission, instance settings)."""
