@@ -436,8 +436,9 @@ class _Participation:
             self.throttled_ready = result.throttled_ready
             if result.status in TERMINAL_STATUSES:
                 self.terminal = result.status
-            if result.readied or result.claims or self.terminal or result.throttled_ready:
-                self.wake.set()
+            # Always wake the claim loop: new work may be ready, and the slots this
+            # flush held back for claim_next are free again.
+            self.wake.set()
 
     # -- lease renewal -------------------------------------------------------------------
 
