@@ -82,17 +82,24 @@ def version() -> None:
 @app.command()
 def run(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline file (.yaml, .yml or .json).")],
-    workers: Annotated[int, typer.Option("--workers", "-w", help="Worker slots in this process.")] = 4,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the terminal snapshot as JSON.")] = False,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", help="Worker slots in this process.")
+    ] = 4,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the terminal snapshot as JSON.")
+    ] = False,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="Run input NAME=VALUE (JSON or text).")
     ] = None,
     answers: Annotated[
         list[str] | None,
-        typer.Option("--answer", "-a", help="Value for an `input` step: STEP=VALUE (JSON or text)."),
+        typer.Option(
+            "--answer", "-a", help="Value for an `input` step: STEP=VALUE (JSON or text)."
+        ),
     ] = None,
     redis_url: Annotated[
-        str | None, typer.Option("--redis-url", envvar=ENV_VAR, help="Redis/Valkey URL (default: embedded).")
+        str | None,
+        typer.Option("--redis-url", envvar=ENV_VAR, help="Redis/Valkey URL (default: embedded)."),
     ] = None,
 ) -> None:
     """Run PIPELINE end to end and print its steps; exit 0 on success, 1 on failure/cancel."""
@@ -107,7 +114,9 @@ def run(
         raise _fail_invalid(str(exc)) from None
     unknown = sorted(set(step_answers) - {s.id for s in plan.steps if s.is_input})
     if unknown:
-        raise _fail_invalid(f"--answer: {unknown[0]!r} is not an input step of pipeline {plan.pipeline_id!r}")
+        raise _fail_invalid(
+            f"--answer: {unknown[0]!r} is not an input step of pipeline {plan.pipeline_id!r}"
+        )
     with _redis_url(redis_url) as url:
         status, snapshot = asyncio.run(_run(url, plan, workers, run_inputs, step_answers, as_json))
     if as_json:
@@ -118,9 +127,14 @@ def run(
 
 
 async def _run(
-    url: str, plan: Any, workers: int, run_inputs: dict[str, Any], answers: dict[str, Any], quiet: bool
+    url: str,
+    plan: Any,
+    workers: int,
+    run_inputs: dict[str, Any],
+    answers: dict[str, Any],
+    quiet: bool,
 ) -> tuple[str, dict[str, Any]]:
-    from airuntime.local_run import run_plan
+    from airuntime.local_run import NoInputAvailable, run_plan
     from airuntime.redis_client import connect
 
     redis = connect(url)
@@ -147,8 +161,7 @@ async def _run(
             console.print(
                 f"[yellow]step {step!r} waits for input; pass --answer {step}=VALUE[/yellow]"
             )
-            await store.cancel(eid, actor="cli: no input available")
-            return None
+            raise NoInputAvailable("stdin is not a terminal and no --answer was given")
         progress.stop()
         raw = await asyncio.to_thread(console.input, f"[bold]{step}[/bold] needs input: ")
         progress.start()
@@ -160,7 +173,12 @@ async def _run(
     try:
         with progress:
             result = await run_plan(
-                store, plan, workers=workers, inputs=run_inputs, on_progress=on_progress, on_input=on_input
+                store,
+                plan,
+                workers=workers,
+                inputs=run_inputs,
+                on_progress=on_progress,
+                on_input=on_input,
             )
     finally:
         await redis.aclose()
@@ -176,7 +194,9 @@ def _print_table(snapshot: dict[str, Any]) -> None:
         dur = ""
         if st.get("claimed_at_ms") and st.get("finished_at_ms"):
             dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
-        shown = st.get("error") if st.get("error") and st["status"] != "completed" else st.get("output")
+        shown = (
+            st.get("error") if st.get("error") and st["status"] != "completed" else st.get("output")
+        )
         text = json.dumps(shown) if not isinstance(shown, str) else shown
         if len(text) > 60:
             text = text[:57] + "..."
@@ -194,7 +214,9 @@ def _print_table(snapshot: dict[str, Any]) -> None:
 @app.command()
 def worker(
     execution_id: Annotated[str, typer.Argument(help="Execution to participate in.")],
-    workers: Annotated[int, typer.Option("--workers", "-w", help="Worker slots in this process.")] = 4,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", help="Worker slots in this process.")
+    ] = 4,
     lease_ms: Annotated[int, typer.Option(help="Claim lease in milliseconds.")] = 30_000,
     redis_url: Annotated[str | None, typer.Option("--redis-url", envvar=ENV_VAR)] = None,
 ) -> None:

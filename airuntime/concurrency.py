@@ -78,7 +78,9 @@ class ConcurrencyLeases:
         return LeaseResult(False, retry_after_ms=int(reply[1]))
 
     async def release(self, scope: str, holder: str) -> bool:
-        reply = await self.scripts.call(self.redis, "releaseLease", [keys.lease_holders(scope)], [holder])
+        reply = await self.scripts.call(
+            self.redis, "releaseLease", [keys.lease_holders(scope)], [holder]
+        )
         return int(reply) == 1
 
     async def renew(self, scope: str, holder: str, ttl_ms: int) -> bool:

@@ -115,7 +115,9 @@ _BY_CODE: dict[int, tuple[type[EngineError], str]] = {
 }
 
 
-def error_for(code: int, *, execution_id: str = "", step_id: str = "", detail: str = "") -> EngineError:
+def error_for(
+    code: int, *, execution_id: str = "", step_id: str = "", detail: str = ""
+) -> EngineError:
     """Map a negative script return code to its typed exception (message names the ids)."""
     try:
         cls, template = _BY_CODE[code]

@@ -111,11 +111,18 @@ class LedgerEvent:
         return self.fields.get(name, default)
 
 
-def _parse_claims(execution_id: str, reply: Sequence[Any], start: int, count: int) -> tuple[list[Claim], int]:
+def _parse_claims(
+    execution_id: str, reply: Sequence[Any], start: int, count: int
+) -> tuple[list[Claim], int]:
     claims: list[Claim] = []
     i = start
     for _ in range(count):
-        step, token, attempt, nrefs = _s(reply[i]), _s(reply[i + 1]), _i(reply[i + 2]), _i(reply[i + 3])
+        step, token, attempt, nrefs = (
+            _s(reply[i]),
+            _s(reply[i + 1]),
+            _i(reply[i + 2]),
+            _i(reply[i + 3]),
+        )
         i += 4
         outs: dict[str, Any] = {}
         for _ in range(nrefs):
@@ -133,7 +140,9 @@ class ExecutionStore:
         self.scripts = scripts or library()
 
     async def _call(self, name: str, execution_id: str, args: Sequence[Any]) -> Any:
-        reply = await self.scripts.call(self.redis, name, keys.execution_keys(execution_id).all(), args)
+        reply = await self.scripts.call(
+            self.redis, name, keys.execution_keys(execution_id).all(), args
+        )
         if isinstance(reply, list) and reply and isinstance(reply[0], int) and reply[0] == -1:
             raise error_for(-1, execution_id=execution_id)
         return reply
@@ -196,7 +205,9 @@ class ExecutionStore:
     async def claim_step(
         self, execution_id: str, owner: str, step_id: str, lease_ms: int, lease_holder: str = ""
     ) -> Claim:
-        reply = await self._call("claimStep", execution_id, [owner, step_id, lease_ms, lease_holder])
+        reply = await self._call(
+            "claimStep", execution_id, [owner, step_id, lease_ms, lease_holder]
+        )
         code = _i(reply[0])
         if code < 0:
             detail = _s(reply[1]) if len(reply) > 1 else ""
@@ -239,7 +250,14 @@ class ExecutionStore:
         reply = await self._call(
             "failStep",
             execution_id,
-            [worker, step_id, token, error[:4000], "1" if retryable else "0", max(0, int(delay_ms))],
+            [
+                worker,
+                step_id,
+                token,
+                error[:4000],
+                "1" if retryable else "0",
+                max(0, int(delay_ms)),
+            ],
         )
         if isinstance(reply[0], int) and reply[0] < 0:
             raise error_for(_i(reply[0]), execution_id=execution_id, step_id=step_id)
@@ -248,7 +266,9 @@ class ExecutionStore:
             raise ScriptError(f"failStep returned unknown outcome {outcome!r}")
         return FailResult(_s(reply[0]), outcome, _i(reply[2]), _i(reply[3]))  # type: ignore[arg-type]
 
-    async def renew(self, execution_id: str, lease_ms: int, items: Sequence[tuple[str, str]]) -> list[bool]:
+    async def renew(
+        self, execution_id: str, lease_ms: int, items: Sequence[tuple[str, str]]
+    ) -> list[bool]:
         args: list[Any] = [lease_ms]
         for step, token in items:
             args += [step, token]
@@ -275,7 +295,9 @@ class ExecutionStore:
     async def cancel(self, execution_id: str, actor: str = "") -> str:
         return await self._control(execution_id, "cancel", actor)
 
-    async def provide_input(self, execution_id: str, step_id: str, value: Any, actor: str = "") -> str:
+    async def provide_input(
+        self, execution_id: str, step_id: str, value: Any, actor: str = ""
+    ) -> str:
         reply = await self._call(
             "provideInput", execution_id, [step_id, json.dumps(value, separators=(",", ":")), actor]
         )
@@ -298,9 +320,13 @@ class ExecutionStore:
     async def info(self, execution_id: str) -> ExecutionInfo:
         raw = await self.redis.hgetall(keys.execution_keys(execution_id).meta)
         if not raw:
-            raise ExecutionNotFound(f"Execution {execution_id} does not exist.", execution_id=execution_id)
+            raise ExecutionNotFound(
+                f"Execution {execution_id} does not exist.", execution_id=execution_id
+            )
         m = {_s(k): _s(v) for k, v in raw.items()}
-        ctx = ExecutionContextSnapshot.model_validate_json(m["context"]) if m.get("context") else None
+        ctx = (
+            ExecutionContextSnapshot.model_validate_json(m["context"]) if m.get("context") else None
+        )
         return ExecutionInfo(
             execution_id=execution_id,
             pipeline_id=m.get("pipeline_id", ""),
@@ -325,7 +351,9 @@ class ExecutionStore:
     async def load_plan(self, execution_id: str) -> Plan:
         raw = await self.redis.get(keys.execution_keys(execution_id).plan)
         if raw is None:
-            raise ExecutionNotFound(f"Execution {execution_id} does not exist.", execution_id=execution_id)
+            raise ExecutionNotFound(
+                f"Execution {execution_id} does not exist.", execution_id=execution_id
+            )
         return Plan.from_json(_s(raw))
 
     async def run_inputs(self, execution_id: str) -> dict[str, Any]:
@@ -337,8 +365,12 @@ class ExecutionStore:
         raw = await self.redis.get(keys.execution_keys(execution_id).snapshot)
         return dict(json.loads(raw)) if raw else None
 
-    async def events(self, execution_id: str, after: str = "-", count: int | None = None) -> list[LedgerEvent]:
-        raw = await self.redis.xrange(keys.execution_keys(execution_id).events, min=after, count=count)
+    async def events(
+        self, execution_id: str, after: str = "-", count: int | None = None
+    ) -> list[LedgerEvent]:
+        raw: Any = await self.redis.xrange(
+            keys.execution_keys(execution_id).events, min=after, count=count
+        )
         out: list[LedgerEvent] = []
         for eid, fields in raw:
             f = {_s(k): _s(v) for k, v in fields.items()}
@@ -360,7 +392,7 @@ class ExecutionStore:
                 if left <= 0:
                     raise TimeoutError(f"Execution {execution_id} is still {info.status}.")
                 block_ms = max(1, min(block_ms, int(left * 1000)))
-            reply = await self.redis.xread({stream: last}, block=block_ms, count=1000)
+            reply: Any = await self.redis.xread({stream: last}, block=block_ms, count=1000)
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     last = _s(entry_id)

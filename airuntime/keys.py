@@ -11,19 +11,19 @@ execution is finalized; before that they have no TTL):
 =====================================  ======  =====================================================
 key                                    type    content / written by
 =====================================  ======  =====================================================
-``air:{e:E}:meta``                     hash    status, control, counters (total, done, completed,
-                                               failed, skipped, cancelled, running, waiting_input),
-                                               timings, tenant, context snapshot, claim_seq.
-                                               createExecution, every transition script.
-``air:{e:E}:plan``                     string  compiled plan JSON (workers rebuild the plan). create.
-``air:{e:E}:status``                   hash    step -> pending|ready|running|retry_wait|input_wait|
-                                               completed|failed|skipped|cancelled. all scripts.
+``air:{e:E}:meta``                     hash    status, control, counters (total, done,
+                                               completed, failed, skipped, cancelled, running,
+                                               waiting_input), timings, tenant, context
+                                               snapshot, claim_seq. All scripts.
+``air:{e:E}:plan``                     string  compiled plan JSON (workers rebuild it). create.
+``air:{e:E}:status``                   hash    step -> pending|ready|running|retry_wait|
+                                               input_wait|completed|failed|skipped|cancelled.
 ``air:{e:E}:pending``                  hash    step -> number of unfinished dependencies. create,
                                                completeSteps, provideInput.
 ``air:{e:E}:children``                 hash    step -> comma-separated dependents. create.
 ``air:{e:E}:order``                    hash    step -> topological index (ready-set score). create.
-``air:{e:E}:kind``                     hash    step -> ``t`` (throttled) or ``i`` (input); absent for
-                                               plain steps. create.
+``air:{e:E}:kind``                     hash    step -> ``t`` (throttled) or ``i`` (input);
+                                               absent for plain steps. create.
 ``air:{e:E}:ready``                    zset    claimable plain steps, score = order. readiness.
 ``air:{e:E}:ready_throttled``          zset    claimable throttled steps, score = order.
 ``air:{e:E}:delayed``                  zset    WaitingForRetry steps, score = next_retry_at (ms).
@@ -49,6 +49,10 @@ Global:
 ``air:executions:active``   zset    non-terminal executions (adoption by other instances).
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
                                     lease expiry ms. acquireLease/renewLease/releaseLease.
+``air:instances``           zset    runtime instance id -> heartbeat expiry ms. registry.
+``air:instance:<id>``       string  InstanceDescriptor JSON, PX = heartbeat TTL. registry.
+``air:tenants``             set     tenant ids with stored settings. registry.
+``air:tenant:<id>:settings`` string TenantSettings JSON. registry (local YAML / operator).
 ==========================  ======  ========================================================
 """
 
@@ -162,3 +166,19 @@ def active_executions() -> str:
 def lease_holders(scope: str) -> str:
     """Holders of one throttle scope's concurrency leases (own hash slot per scope)."""
     return f"{PREFIX}:{{l:{scope}}}:holders"
+
+
+def instances() -> str:
+    return f"{PREFIX}:instances"
+
+
+def instance(instance_id: str) -> str:
+    return f"{PREFIX}:instance:{instance_id}"
+
+
+def tenants() -> str:
+    return f"{PREFIX}:tenants"
+
+
+def tenant_settings(tenant_id: str) -> str:
+    return f"{PREFIX}:tenant:{tenant_id}:settings"

@@ -23,7 +23,12 @@ from airuntime.worker_pool import PoolSettings, WorkerPool
 
 ProgressCallback = Callable[[ExecutionInfo], None]
 InputCallback = Callable[[str, str], Awaitable[Any]]
-"""(execution_id, step_id) -> value for an ``input`` step."""
+"""(execution_id, step_id) -> value for an ``input`` step; raise :class:`NoInputAvailable`
+to cancel the execution instead."""
+
+
+class NoInputAvailable(Exception):
+    """Raised by an input callback that cannot answer; the execution is cancelled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +66,11 @@ async def run_plan(
                 for step, state in states.items():
                     if state == "input_wait" and step not in answered:
                         answered.add(step)
-                        value = await on_input(eid, step)
+                        try:
+                            value = await on_input(eid, step)
+                        except NoInputAvailable as exc:
+                            await store.cancel(eid, actor=f"no input for {step!r}: {exc}")
+                            break
                         await store.provide_input(eid, step, value, actor="cli")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(run), progress_interval_s)

@@ -21,7 +21,7 @@ class CountingRedis(Redis):
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         self.round_trips += 1
-        return await super().execute_command(*args, **options)
+        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
         self.round_trips += 1
@@ -32,5 +32,6 @@ def connect(url: str, **options: Any) -> CountingRedis:
     """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``); bytes replies."""
     options.setdefault("health_check_interval", 30)
     options.setdefault("socket_keepalive", True)
-    client: CountingRedis = CountingRedis.from_url(url, **options)
+    client = CountingRedis.from_url(url, **options)
+    assert isinstance(client, CountingRedis)
     return client

@@ -99,10 +99,10 @@ class ScriptLibrary:
                 f"Lua script {name!r} takes {script.num_keys} keys, was called with {len(keys)}."
             )
         try:
-            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)  # type: ignore[no-untyped-call]
+            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
         except NoScriptError:
             await redis.script_load(script.source)
-            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)  # type: ignore[no-untyped-call]
+            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
 
 
 @cache

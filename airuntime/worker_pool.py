@@ -213,7 +213,9 @@ class _Participation:
                 want = min(self.free, self.settings.claim_batch)
                 self.free -= want
                 try:
-                    batch = await self.store.claim(self.eid, self.pool.pool_id, want, self.settings.lease_ms)
+                    batch = await self.store.claim(
+                        self.eid, self.pool.pool_id, want, self.settings.lease_ms
+                    )
                 finally:
                     self.free += want
                 self.pool.stats.claim_calls += 1
@@ -238,7 +240,9 @@ class _Participation:
                 if self.throttle_retry_ms >= 0:
                     wait_ms = min(wait_ms, self.throttle_retry_ms + 1)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), None if wait_ms is None else wait_ms / 1000)
+                await asyncio.wait_for(
+                    self.wake.wait(), None if wait_ms is None else wait_ms / 1000
+                )
 
     def _start(self, claims: Sequence[Claim]) -> None:
         for claim in claims:
@@ -373,7 +377,9 @@ class _Participation:
         try:
             text = json.dumps(output, separators=(",", ":"), sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise NonRetryableError(f"output of step {step.id!r} is not JSON-serialisable: {exc}") from exc
+            raise NonRetryableError(
+                f"output of step {step.id!r} is not JSON-serialisable: {exc}"
+            ) from exc
         if len(text) > self.settings.max_output_bytes:
             raise NonRetryableError(
                 f"output of step {step.id!r} is {len(text)} bytes, over the limit of "
@@ -384,12 +390,20 @@ class _Participation:
     async def _report_failure(self, step: PlanStep, r: _Running, exc: BaseException) -> None:
         claim = r.claim
         self.pool.stats.failed_attempts += 1
-        retryable = not isinstance(exc, NonRetryableError) and not getattr(exc, "non_retryable", False)
+        retryable = not isinstance(exc, NonRetryableError) and not getattr(
+            exc, "non_retryable", False
+        )
         delay_ms = int(retry_delay_s(step.retry, claim.attempt, self.eid, step.id) * 1000)
         message = f"{type(exc).__name__}: {exc}"
         try:
             result = await self.store.fail(
-                self.eid, r.worker, claim.step_id, claim.token, message, retryable=retryable, delay_ms=delay_ms
+                self.eid,
+                r.worker,
+                claim.step_id,
+                claim.token,
+                message,
+                retryable=retryable,
+                delay_ms=delay_ms,
             )
         except StaleClaim:
             self.pool.stats.stale_rejections += 1
@@ -415,7 +429,11 @@ class _Participation:
             self.free -= want
             try:
                 result = await self.store.complete(
-                    self.eid, self.pool.pool_id, items, claim_next=want, lease_ms=self.settings.lease_ms
+                    self.eid,
+                    self.pool.pool_id,
+                    items,
+                    claim_next=want,
+                    lease_ms=self.settings.lease_ms,
                 )
             except EngineError as err:
                 self.free += want
@@ -451,7 +469,9 @@ class _Participation:
                 continue
             try:
                 alive = await self.store.renew(
-                    self.eid, self.settings.lease_ms, [(r.claim.step_id, r.claim.token) for r in running]
+                    self.eid,
+                    self.settings.lease_ms,
+                    [(r.claim.step_id, r.claim.token) for r in running],
                 )
             except EngineError:
                 continue

@@ -54,7 +54,7 @@ async def test_32_workers_in_4_processes_complete_2000_steps_exactly_once(
     eid = await store.create(plan)
     procs = await _spawn_workers(redis_server.url, eid, processes=4, workers=8, lease_ms=30_000)
     outputs = await asyncio.gather(*(p.communicate() for p in procs))
-    for p, (out, err) in zip(procs, outputs, strict=True):
+    for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err.decode()[-2000:]
     info = await store.info(eid)
     assert (info.status, info.completed) == ("Succeeded", 2000)

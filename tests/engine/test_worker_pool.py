@@ -34,10 +34,18 @@ def registry(**handlers: Any) -> HandlerRegistry:
 
 async def test_outputs_flow_through_a_fan_out_fan_in(store: ExecutionStore) -> None:
     n = 12
-    steps: dict[str, dict[str, Any]] = {"root": {"uses": "echo", "with": {"value": [f"doc{i}" for i in range(n)]}}}
+    steps: dict[str, dict[str, Any]] = {
+        "root": {"uses": "echo", "with": {"value": [f"doc{i}" for i in range(n)]}}
+    }
     for i in range(n):
-        steps[f"s{i}"] = {"uses": "template", "with": {"template": "sum($d)", "d": f"${{steps.root.output.{i}}}"}}
-    steps["sink"] = {"uses": "echo", "with": {"value": [f"${{steps.s{i}.output}}" for i in range(n)]}}
+        steps[f"s{i}"] = {
+            "uses": "template",
+            "with": {"template": "sum($d)", "d": f"${{steps.root.output.{i}}}"},
+        }
+    steps["sink"] = {
+        "uses": "echo",
+        "with": {"value": [f"${{steps.s{i}.output}}" for i in range(n)]},
+    }
     eid = await store.create(plan_of(fan(n), steps=steps))
     assert await WorkerPool(store, settings=PoolSettings(workers=5)).run(eid) == "Succeeded"
     snap = await store.snapshot(eid)
@@ -48,22 +56,37 @@ async def test_outputs_flow_through_a_fan_out_fan_in(store: ExecutionStore) -> N
 async def test_transient_failures_are_retried_until_success(store: ExecutionStore) -> None:
     plan = plan_of(
         {"flaky": []},
-        steps={"flaky": {"uses": "fail", "with": {"fail_attempts": 2, "value": 42},
-                         "retry": {"max_attempts": 4, "backoff_initial_s": 0.001}}},
+        steps={
+            "flaky": {
+                "uses": "fail",
+                "with": {"fail_attempts": 2, "value": 42},
+                "retry": {"max_attempts": 4, "backoff_initial_s": 0.001},
+            }
+        },
     )
     eid = await store.create(plan)
     pool = WorkerPool(store, settings=PoolSettings(workers=2))
     assert await pool.run(eid) == "Succeeded"
     snap = await store.snapshot(eid)
-    assert snap is not None and snap["steps"]["flaky"] == {**snap["steps"]["flaky"], "attempts": 3, "output": 42}
+    assert snap is not None and snap["steps"]["flaky"] == {
+        **snap["steps"]["flaky"],
+        "attempts": 3,
+        "output": 42,
+    }
     assert pool.stats.retries_scheduled == 2
 
 
 async def test_a_timed_out_attempt_counts_as_a_failure(store: ExecutionStore) -> None:
     plan = plan_of(
         {"slow": []},
-        steps={"slow": {"uses": "sleep", "with": {"seconds": 30}, "timeout_s": 0.05,
-                        "retry": {"max_attempts": 2, "backoff_initial_s": 0}}},
+        steps={
+            "slow": {
+                "uses": "sleep",
+                "with": {"seconds": 30},
+                "timeout_s": 0.05,
+                "retry": {"max_attempts": 2, "backoff_initial_s": 0},
+            }
+        },
     )
     eid = await store.create(plan)
     assert await WorkerPool(store).run(eid) == "Failed"
@@ -99,8 +122,13 @@ async def test_a_throttle_scope_never_runs_more_than_its_limit(store: ExecutionS
         return ctx.step_id
 
     reg = registry(probe=probe)
-    plan = plan_of({f"c{i}": [] for i in range(6)}, uses="probe", steps={f"c{i}": OPENAI for i in range(6)},
-                   throttle=THROTTLE, registry=reg)
+    plan = plan_of(
+        {f"c{i}": [] for i in range(6)},
+        uses="probe",
+        steps={f"c{i}": OPENAI for i in range(6)},
+        throttle=THROTTLE,
+        registry=reg,
+    )
     eid = await store.create(plan)
     pool = WorkerPool(store, reg, PoolSettings(workers=6))
     run = asyncio.create_task(pool.run(eid))
@@ -143,23 +171,42 @@ async def test_policy_denial_acquires_no_lease(store: ExecutionStore) -> None:
     assert await run == "Succeeded"
 
 
+class _ObservedLeases(ConcurrencyLeases):
+    """Real leases that signal denials and releases to the test."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis)
+        self.denied = asyncio.Event()
+        self.released = asyncio.Event()
+
+    async def acquire(self, scope: str, holder: str, limit: int, ttl_ms: int) -> Any:
+        result = await super().acquire(scope, holder, limit, ttl_ms)
+        if not result.acquired:
+            self.denied.set()
+        return result
+
+    async def release(self, scope: str, holder: str) -> bool:
+        released = await super().release(scope, holder)
+        self.released.set()
+        return released
+
+
 async def test_lease_denial_attempts_no_claim(store: ExecutionStore) -> None:
-    leases = ConcurrencyLeases(store.redis)
+    leases = _ObservedLeases(store.redis)
     throttle = [{"match": {"provider": "openai"}, "limit": 1}]
     assert (await leases.acquire(SCOPE, "someone-else", 1, 60_000)).acquired
     plan = plan_of({"a": []}, steps={"a": OPENAI}, throttle=throttle)
     eid = await store.create(plan)
-    pool = WorkerPool(store)
+    pool = WorkerPool(store, leases=leases)
     run = asyncio.create_task(pool.run(eid))
-    while pool.stats.lease_denied == 0:
-        await asyncio.sleep(0.001)
+    await leases.denied.wait()
     assert (await store.step_states(eid))["a"] == "ready"
     assert not [e for e in await store.events(eid) if e.type == "step_claimed"]
     await leases.release(SCOPE, "someone-else")
     assert await run == "Succeeded"
 
 
-class _RacingLeases(ConcurrencyLeases):
+class _RacingLeases(_ObservedLeases):
     """After the pool gets its lease, a competitor claims the step first."""
 
     def __init__(self, store: ExecutionStore, eid: str) -> None:
@@ -181,15 +228,17 @@ async def test_a_lease_whose_claim_failed_is_released_at_once(store: ExecutionSt
     leases = _RacingLeases(store, eid)
     pool = WorkerPool(store, leases=leases)
     run = asyncio.create_task(pool.run(eid))
-    while pool.stats.claim_conflicts == 0:
-        await asyncio.sleep(0.001)
+    await leases.released.wait()
+    assert pool.stats.claim_conflicts == 1
     assert await leases.holders(SCOPE) == 0, "the lease of the failed claim was released"
     assert leases.competitor_token is not None
     await store.complete(eid, "competitor", [("a", leases.competitor_token, "competitor", "1")])
     assert await run == "Succeeded"
 
 
-async def test_a_crashed_lease_holders_capacity_returns_after_its_ttl(store: ExecutionStore) -> None:
+async def test_a_crashed_lease_holders_capacity_returns_after_its_ttl(
+    store: ExecutionStore,
+) -> None:
     leases = ConcurrencyLeases(store.redis)
     assert (await leases.acquire(SCOPE, "crashed-worker", 1, 150)).acquired
     denied = await leases.acquire(SCOPE, "next-worker", 1, 30_000)
@@ -203,7 +252,9 @@ async def test_a_crashed_lease_holders_capacity_returns_after_its_ttl(store: Exe
     assert got.acquired and got.holders == 1
 
 
-async def test_a_worker_killed_mid_step_is_recovered_without_using_retry_budget(store: ExecutionStore) -> None:
+async def test_a_worker_killed_mid_step_is_recovered_without_using_retry_budget(
+    store: ExecutionStore,
+) -> None:
     calls: dict[str, int] = {}
 
     async def crash_once(ctx: StepContext) -> str:

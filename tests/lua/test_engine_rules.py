@@ -50,7 +50,9 @@ async def test_create_is_idempotent_for_the_same_plan(store: ExecutionStore) -> 
         await store.create(other, execution_id="e1")
 
 
-async def test_only_roots_are_ready_and_claims_follow_topological_order(store: ExecutionStore) -> None:
+async def test_only_roots_are_ready_and_claims_follow_topological_order(
+    store: ExecutionStore,
+) -> None:
     eid = await store.create(plan_of({"a": [], "b": ["a"], "c": [], "d": ["b", "c"]}))
     batch = await store.claim(eid, "w", 10, 30_000)
     assert [c.step_id for c in batch.claims] == ["a", "c"]
@@ -144,8 +146,13 @@ async def test_recovered_step_keeps_its_attempt_count(store: ExecutionStore) -> 
     assert len(recovered) == 1 and recovered[0].get("attempt") == "2"
 
 
-async def test_a_step_waiting_for_retry_is_not_claimable_before_next_retry_at(store: ExecutionStore) -> None:
-    plan = plan_of({"slow": [], "fast": []}, steps={s: {"retry": {"max_attempts": 2}} for s in ("slow", "fast")})
+async def test_a_step_waiting_for_retry_is_not_claimable_before_next_retry_at(
+    store: ExecutionStore,
+) -> None:
+    plan = plan_of(
+        {"slow": [], "fast": []},
+        steps={s: {"retry": {"max_attempts": 2}} for s in ("slow", "fast")},
+    )
     eid = await store.create(plan)
     claims = {c.step_id: c for c in (await store.claim(eid, "w", 2, 30_000)).claims}
     far = await store.fail(eid, "w", "slow", claims["slow"].token, "x", delay_ms=3_600_000)
@@ -174,7 +181,12 @@ async def test_retry_budget_exhausted_fails_the_step(store: ExecutionStore) -> N
     assert (r.outcome, r.attempt, r.status) == ("failed", 2, "Failed")
     snap = await store.snapshot(eid)
     assert snap is not None
-    assert snap["steps"]["a"] == {**snap["steps"]["a"], "status": "failed", "attempts": 2, "error": "e2"}
+    assert snap["steps"]["a"] == {
+        **snap["steps"]["a"],
+        "status": "failed",
+        "attempts": 2,
+        "error": "e2",
+    }
 
 
 async def test_non_retryable_failure_fails_at_once(store: ExecutionStore) -> None:
@@ -185,7 +197,9 @@ async def test_non_retryable_failure_fails_at_once(store: ExecutionStore) -> Non
     assert (r.outcome, r.attempt) == ("failed", 1)
 
 
-async def test_fail_fast_blocks_claims_and_finalizes_after_running_steps_drain(store: ExecutionStore) -> None:
+async def test_fail_fast_blocks_claims_and_finalizes_after_running_steps_drain(
+    store: ExecutionStore,
+) -> None:
     eid = await store.create(plan_of({"a": [], "b": [], "c": [], "d": ["a"]}))
     claims = {c.step_id: c for c in (await store.claim(eid, "w", 2, 30_000)).claims}
     assert set(claims) == {"a", "b"}
@@ -209,7 +223,12 @@ async def test_continue_policy_skips_only_descendants(store: ExecutionStore) -> 
     assert r.status == "Failed"
     states = await store.step_states(eid)
     assert states == {
-        "a": "failed", "a1": "skipped", "a2": "skipped", "b": "completed", "b1": "completed", "j": "skipped"
+        "a": "failed",
+        "a1": "skipped",
+        "a2": "skipped",
+        "b": "completed",
+        "b1": "completed",
+        "j": "skipped",
     }
 
 
@@ -219,7 +238,9 @@ async def test_pause_blocks_new_claims_while_running_steps_drain(store: Executio
     assert await store.pause(eid, "op") == "Pausing"
     blocked = await store.claim(eid, "w", 5, 30_000)
     assert (blocked.status, blocked.claims) == ("Pausing", [])
-    first = await store.complete(eid, "w", [(running[0].step_id, running[0].token, "w", "0")], claim_next=5)
+    first = await store.complete(
+        eid, "w", [(running[0].step_id, running[0].token, "w", "0")], claim_next=5
+    )
     assert first.codes == [1] and first.claims == [] and first.status == "Pausing"
     last = await store.complete(eid, "w", [(running[1].step_id, running[1].token, "w", "0")])
     assert last.status == "Paused"
@@ -248,6 +269,19 @@ async def test_cancel_with_nothing_running_finalizes_at_once(store: ExecutionSto
     assert (await store.snapshot(eid) or {})["status"] == "Cancelled"
 
 
+async def _complete_last(store: ExecutionStore, gate: asyncio.Event, eid: str, token: str) -> str:
+    await gate.wait()
+    return (await store.complete(eid, "w", [("last", token, "w", "2")])).status
+
+
+async def _cancel(store: ExecutionStore, gate: asyncio.Event, eid: str) -> str:
+    await gate.wait()
+    try:
+        return await store.cancel(eid, "racer")
+    except ExecutionTerminal:
+        return "refused"
+
+
 async def test_cancel_wins_over_a_racing_natural_completion(store: ExecutionStore) -> None:
     """The last step's completion and a cancel race, released by one gate, 40 times.
 
@@ -262,20 +296,13 @@ async def test_cancel_wins_over_a_racing_natural_completion(store: ExecutionStor
         (a,) = (await store.claim(eid, "w", 1, 30_000)).claims
         (last,) = (await store.complete(eid, "w", [("a", a.token, "w", "1")], claim_next=1)).claims
         gate = asyncio.Event()
-
-        async def complete_last() -> str:
-            await gate.wait()
-            return (await store.complete(eid, "w", [("last", last.token, "w", "2")])).status
-
-        async def cancel() -> str:
-            await gate.wait()
-            try:
-                return await store.cancel(eid, "racer")
-            except ExecutionTerminal:
-                return "refused"
-
-        racers = [complete_last, cancel] if round_ % 2 else [cancel, complete_last]
-        tasks = [asyncio.create_task(r()) for r in racers]
+        racers = [
+            _complete_last(store, gate, eid, last.token),
+            _cancel(store, gate, eid),
+        ]
+        if round_ % 2 == 0:
+            racers.reverse()
+        tasks = [asyncio.create_task(r) for r in racers]
         await asyncio.sleep(0)
         gate.set()
         await asyncio.gather(*tasks)
@@ -313,8 +340,10 @@ async def test_finalization_is_idempotent_under_contention(store: ExecutionStore
 
 
 async def test_input_step_blocks_claims_until_input_is_provided(store: ExecutionStore) -> None:
-    plan = plan_of({"draft": [], "approve": ["draft"], "other": ["draft"], "publish": ["approve"]},
-                   steps={"approve": {"uses": "input"}})
+    plan = plan_of(
+        {"draft": [], "approve": ["draft"], "other": ["draft"], "publish": ["approve"]},
+        steps={"approve": {"uses": "input"}},
+    )
     eid = await store.create(plan)
     (d,) = (await store.claim(eid, "w", 5, 30_000)).claims
     r = await store.complete(eid, "w", [("draft", d.token, "w", '"text"')], claim_next=5)
@@ -343,7 +372,10 @@ async def test_claim_returns_outputs_of_referenced_steps(store: ExecutionStore) 
 async def test_renewal_extends_live_claims_and_reports_lost_ones(store: ExecutionStore) -> None:
     eid = await store.create(plan_of({"a": [], "b": []}))
     a, b = (await store.claim(eid, "w", 2, 30_000)).claims
-    assert await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")]) == [True, False]
+    assert await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")]) == [
+        True,
+        False,
+    ]
     score = await store.redis.zscore(keys.execution_keys(eid).running, a.step_id)
     assert score is not None
 
@@ -371,14 +403,18 @@ async def _commands_run(redis: Redis) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if not k.endswith("info"))
 
 
-async def test_terminal_snapshot_records_statuses_attempts_outputs_and_timings(store: ExecutionStore) -> None:
+async def test_terminal_snapshot_records_statuses_attempts_outputs_and_timings(
+    store: ExecutionStore,
+) -> None:
     eid = await store.create(plan_of(chain(3)))
     owner = "w"
     r = await store.claim(eid, owner, 1, 30_000)
     claims = r.claims
     while claims:
         c = claims[0]
-        res = await store.complete(eid, owner, [(c.step_id, c.token, "w1", json.dumps({"s": c.step_id}))], claim_next=1)
+        res = await store.complete(
+            eid, owner, [(c.step_id, c.token, "w1", json.dumps({"s": c.step_id}))], claim_next=1
+        )
         claims = res.claims
     snap = await store.snapshot(eid)
     assert snap is not None

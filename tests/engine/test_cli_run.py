@@ -1,0 +1,117 @@
+"""``airt run``: exit codes, the terminal snapshot, and bad input rejected before Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def airt(
+    *args: str, redis_url: str | None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AIRUNTIME_REDIS_URL"}
+    if redis_url:
+        env["AIRUNTIME_REDIS_URL"] = redis_url
+    return subprocess.run(
+        [sys.executable, "-m", "airuntime.cli", *args],
+        env=env,
+        input=stdin or "",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param("summarize-documents.yaml", id="fan-out/fan-in"),
+        pytest.param("retries.yaml", id="retries"),
+        pytest.param("throttled-provider.yaml", id="throttled provider"),
+    ],
+)
+def test_examples_succeed_on_the_embedded_default(example: str) -> None:
+    result = airt("run", str(EXAMPLES / example), "--json", redis_url=None)
+    assert result.returncode == 0, result.stderr
+    snapshot = json.loads(result.stdout)
+    assert snapshot["status"] == "Succeeded"
+    assert snapshot["counts"]["completed"] == snapshot["counts"]["total"]
+
+
+def test_input_step_is_answered_from_the_command_line(valkey_url: str) -> None:
+    result = airt(
+        "run",
+        str(EXAMPLES / "human-input.yaml"),
+        "--json",
+        "--answer",
+        'approve="ship it"',
+        redis_url=valkey_url,
+    )
+    assert result.returncode == 0, result.stderr
+    snapshot = json.loads(result.stdout)
+    assert snapshot["steps"]["approve"]["output"] == "ship it"
+
+
+def test_unanswered_input_without_a_terminal_cancels_and_exits_1(valkey_url: str) -> None:
+    result = airt("run", str(EXAMPLES / "human-input.yaml"), "--json", redis_url=valkey_url)
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["status"] == "Cancelled"
+    assert "--answer approve=VALUE" in result.stderr
+
+
+def test_a_failed_execution_exits_1(tmp_path: Path, valkey_url: str) -> None:
+    path = tmp_path / "fails.yaml"
+    path.write_text("id: fails\nsteps:\n  - id: a\n    uses: fail\n    with: {fail_attempts: 5}\n")
+    result = airt("run", str(path), "--json", redis_url=valkey_url)
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["steps"]["a"]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param(
+            "id: x\nsteps:\n  - {id: a, uses: nope}\n",
+            "steps[0].uses: unknown handler 'nope'",
+            id="unknown handler",
+        ),
+        pytest.param(
+            "id: x\nsteps:\n  - {id: a, uses: noop, depends_on: [b]}\n  - {id: b, uses: noop, depends_on: [a]}\n",
+            "dependency cycle",
+            id="cycle",
+        ),
+        pytest.param(
+            "id: x\nsteps:\n  - {id: a, uses: noop, depends_on: [zz]}\n",
+            "unknown step 'zz'",
+            id="unknown dep",
+        ),
+        pytest.param("id: x\nsteps: []\n", "steps", id="no steps"),
+    ],
+)
+def test_invalid_pipelines_exit_2_and_write_nothing(
+    tmp_path: Path, valkey_url: str, text: str, message: str
+) -> None:
+    client = sync_redis.Redis.from_url(valkey_url)
+    client.flushall()
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = airt("run", str(path), redis_url=valkey_url)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert client.dbsize() == 0, "nothing may be written for an invalid pipeline"
+    client.close()
+
+
+def test_bad_options_exit_2(valkey_url: str) -> None:
+    result = airt("run", str(EXAMPLES / "retries.yaml"), "--workers", "0", redis_url=valkey_url)
+    assert result.returncode == 2 and "--workers: must be >= 1, got 0" in result.stderr
+    result = airt("run", str(EXAMPLES / "nope.yaml"), redis_url=valkey_url)
+    assert result.returncode == 2 and "nope.yaml" in result.stderr
