@@ -242,7 +242,9 @@ async def _participate(url: str, execution_id: str, settings: Any) -> tuple[str,
     from airuntime.redis_client import connect
     from airuntime.worker_pool import WorkerPool
 
-    redis = connect(url)
+    import os
+
+    redis = connect(url, client_name=f"airt-worker:{os.getpid()}")
     try:
         pool = WorkerPool(ExecutionStore(redis), settings=settings)
         try:

@@ -52,6 +52,7 @@ class ClaimBatch:
     wake_ms: int
     throttled_ready: int
     claims: list[Claim]
+    recovered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +200,8 @@ class ExecutionStore:
     ) -> ClaimBatch:
         reply = await self._call("claimSteps", execution_id, [owner, count, lease_ms, move_limit])
         status, wake, n, throttled = _s(reply[0]), _i(reply[1]), _i(reply[2]), _i(reply[3])
-        claims, _ = _parse_claims(execution_id, reply, 4, n)
-        return ClaimBatch(status, wake, throttled, claims)
+        claims, _ = _parse_claims(execution_id, reply, 5, n)
+        return ClaimBatch(status, wake, throttled, claims, recovered=_i(reply[4]))
 
     async def claim_step(
         self, execution_id: str, owner: str, step_id: str, lease_ms: int, lease_holder: str = ""

@@ -99,6 +99,7 @@ class PoolStats:
     claim_conflicts: int = 0
     claim_calls: int = 0
     complete_calls: int = 0
+    recovered: int = 0
 
 
 StepObserver = Callable[[str, str, str, float], None]
@@ -219,6 +220,7 @@ class _Participation:
                 finally:
                     self.free += want
                 self.pool.stats.claim_calls += 1
+                self.pool.stats.recovered += batch.recovered
                 self._start(batch.claims)
                 self.throttled_ready = batch.throttled_ready
                 if batch.status in TERMINAL_STATUSES:
@@ -227,14 +229,18 @@ class _Participation:
                 claimed = len(batch.claims)
                 if self.free > 0 and self.throttled_ready > 0 and batch.status == "Running":
                     claimed += await self._claim_throttled()
-                if claimed:
+                if claimed >= want:
                     backoff_ms = 1
-                    continue
+                    continue  # the batch was full: more may be ready right now
                 if batch.status != "Running":
                     wait_ms = self.settings.blocked_poll_ms
                 else:
                     wait_ms = backoff_ms
                     backoff_ms = min(backoff_ms * 2, self.settings.idle_poll_max_ms)
+                    if self.running:
+                        # Local completions claim what they make ready and wake this
+                        # loop when slots are left over: poll only for other processes.
+                        wait_ms = max(wait_ms, self.settings.blocked_poll_ms)
                 if batch.wake_ms >= 0:
                     wait_ms = min(wait_ms, batch.wake_ms + 1)
                 if self.throttle_retry_ms >= 0:
@@ -328,6 +334,8 @@ class _Participation:
                 await self._report_failure(step, r, exc)
             else:
                 outcome = "completed"
+                # The worker slot stays held until the completion is flushed: that
+                # flush claims the next ready steps into it (claim_next).
                 self.pending.append((claim.step_id, claim.token, r.worker, output_json))
                 self.have_completions.set()
         except asyncio.CancelledError:
@@ -339,14 +347,16 @@ class _Participation:
         finally:
             self.running.pop(claim.step_id, None)
             self.idle_workers.append(int(r.worker.rsplit("/w", 1)[1]))
-            self.free += 1
+            if outcome != "completed":
+                self.free += 1
             if r.lease is not None:
                 scope, holder, _ = r.lease
                 with contextlib.suppress(Exception):
                     await self.pool.leases.release(scope, holder)
             if self.pool.observer is not None:
                 self.pool.observer(self.eid, claim.step_id, outcome, loop.time() - started)
-            self.wake.set()
+            if outcome != "completed":
+                self.wake.set()
 
     async def _execute(self, step: PlanStep, claim: Claim) -> str:
         handler = self.pool.registry.get(step.handler)
@@ -425,8 +435,10 @@ class _Participation:
             if not self.pending:
                 continue
             items, self.pending = self.pending, []
-            want = 0 if self.terminal else min(self.free, self.settings.claim_batch)
-            self.free -= want
+            # Each completed step still holds its worker slot; the same round trip
+            # that completes it claims the next ready steps into those slots.
+            slots = len(items)
+            want = 0 if self.terminal else min(slots, self.settings.claim_batch)
             try:
                 result = await self.store.complete(
                     self.eid,
@@ -436,14 +448,14 @@ class _Participation:
                     lease_ms=self.settings.lease_ms,
                 )
             except EngineError as err:
-                self.free += want
+                self.free += slots
                 log.warning("completion batch for %s rejected: %s", self.eid, err)
                 self.wake.set()
                 continue
             except BaseException:
-                self.free += want
+                self.free += slots
                 raise
-            self.free += want
+            self.free += slots
             self.pool.stats.complete_calls += 1
             for code in result.codes:
                 if code == 1:
@@ -454,9 +466,8 @@ class _Participation:
             self.throttled_ready = result.throttled_ready
             if result.status in TERMINAL_STATUSES:
                 self.terminal = result.status
-            # Always wake the claim loop: new work may be ready, and the slots this
-            # flush held back for claim_next are free again.
-            self.wake.set()
+            if len(result.claims) < slots or self.terminal or result.throttled_ready:
+                self.wake.set()  # slots left over, or something else to look at
 
     # -- lease renewal -------------------------------------------------------------------
 

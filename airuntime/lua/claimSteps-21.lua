@@ -17,11 +17,12 @@
 
   Output:
     {-1}                                   execution not found
-    {status, wakeMs, n, throttledReady,
+    {status, wakeMs, n, throttledReady, recovered,
      [step, token, attempt, nrefs, (ref, outputJSON) * nrefs] * n}
       status: execution status after the call; wakeMs: ms until the next retry
       or lease expiry (-1 none) so idle workers sleep exactly as long as needed;
-      throttledReady: ready steps that need a concurrency lease (claimStep path).
+      throttledReady: ready steps that need a concurrency lease (claimStep path);
+      recovered: expired Running steps this call returned to Ready.
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
@@ -41,17 +42,17 @@ local leaseMs = tonumber(ARGV[3])
 local now = nowMs()
 
 local terminal = redis.call('HGET', metaKey, 'terminal')
-if terminal and terminal ~= '' then return {terminal, -1, 0, 0} end
+if terminal and terminal ~= '' then return {terminal, -1, 0, 0, 0} end
 
-moveDue(now, tonumber(ARGV[4]))
+local _, recovered = moveDue(now, tonumber(ARGV[4]))
 local status = refreshStatus()
 if status ~= 'Running' then
   local final = finalizeIfDone(now)
-  if final then return {final, -1, 0, 0} end
-  return {status, nextWake(now), 0, 0}
+  if final then return {final, -1, 0, 0, recovered} end
+  return {status, nextWake(now), 0, 0, recovered}
 end
 
-local result = {status, 0, 0, redis.call('ZCARD', readyThrottledKey)}
+local result = {status, 0, 0, redis.call('ZCARD', readyThrottledKey), recovered}
 local claimed = claimReady(owner, want, leaseMs, now, result)
 result[3] = claimed
 if claimed == 0 then result[2] = nextWake(now) end

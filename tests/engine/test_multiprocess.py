@@ -42,6 +42,11 @@ async def _spawn_workers(
     ]
 
 
+async def _connected_workers(redis: Redis) -> int:
+    clients = await redis.client_list()
+    return sum(1 for c in clients if str(c.get("name", "")).startswith("airt-worker:"))
+
+
 def _completions(events: list) -> Counter[str]:  # type: ignore[type-arg]
     return Counter(e.get("step") for e in events if e.type == "step_completed")
 
@@ -52,7 +57,12 @@ async def test_32_workers_in_4_processes_complete_2000_steps_exactly_once(
     store = ExecutionStore(redis)
     plan = plan_of(random_dag(2000, seed=7))
     eid = await store.create(plan)
+    # Hold the execution until all four processes are connected, so they contend.
+    await store.pause(eid)
     procs = await _spawn_workers(redis_server.url, eid, processes=4, workers=8, lease_ms=30_000)
+    while await _connected_workers(redis) < 4:
+        await asyncio.sleep(0.01)
+    await store.resume(eid)
     outputs = await asyncio.gather(*(p.communicate() for p in procs))
     for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err.decode()[-2000:]

@@ -1,0 +1,609 @@
+"""DAG throughput of airuntime, and of a Celery chord on the same Redis, for no-op steps.
+
+Run ``python -m benchmarks.dag_throughput [--json] [--redis-url URL]`` from the
+repository root. Without ``--redis-url`` one embedded Valkey
+(:class:`airuntime.embedded.EmbeddedServer`) is started for the whole run and every
+system uses it; airuntime keeps its executions in the URL's database, Celery uses
+databases 1 (broker) and 2 (results) of the same server. The whole run takes well
+under a minute on a 2-core machine, about half of it the Celery chord. Each
+airuntime execution's keys are deleted after its run; Celery's results expire after
+an hour (``result_expires``).
+
+What is measured
+----------------
+airuntime, shapes built from plain pipeline dicts compiled with
+``parse_pipeline`` + ``compile_pipeline``, every step ``uses: noop``:
+
+* ``fanout-2000``: 1 -> 2,000 -> 1 (2,002 steps)
+* ``fanout-20000``: 1 -> 20,000 -> 1 (20,002 steps)
+* ``chain-2000``: a chain of 2,000 steps
+* ``random-2000``: 2,000 steps, each with 0-3 random earlier parents (seed 7)
+
+Each execution is created first (not timed), then run by **2 worker processes**
+(``python -m airuntime.cli worker EID --workers 64`` with ``AIRUNTIME_REDIS_URL``
+set), i.e. what ``airt worker`` does. Why 64 slots per process: the handler is a
+no-op, so slots do not buy handler parallelism; they bound how many steps one
+``claimSteps``/``completeSteps`` call can carry. 64 is ``PoolSettings.claim_batch``
+(the most a single claim returns), so one round trip can fill every free slot and a
+completion batch can be as large as a claim batch; more slots only add steps that
+wait in the process's event loop, fewer make batches (and so round trips per step)
+worse. On the 2-core machine this was written on, fan-out shapes gave ~0.11 calls
+per step with 16 slots, ~0.03 with 64 and ~0.02 with 256, at similar throughput.
+``--workers`` changes it.
+
+Each shape runs ``--repeat`` times (default 3, a new execution each time) and the
+row reported is the median run by ``steps_per_s``; ``runs_steps_per_s`` lists all
+of them. The fan-out-2000 and random-2000 windows are only ~100-200 ms long, so a
+single run is noisy (a few ms of scheduling on 2 cores is several percent).
+
+* ``steps_per_s`` = steps / duration, where the duration is read from the
+  execution's ledger stream, not from a client clock: from the id of the first
+  ``step_claimed`` entry to the id of the ``execution_finalized`` entry. Stream ids
+  are ``<server ms>-<seq>``, so this is the server's clock at millisecond
+  resolution, and it excludes process start-up, imports and plan loading of the
+  worker processes. The two processes are started together, but on 2 cores the
+  later one typically makes its first claim 10-100 ms after the earlier one (a few
+  hundred ms for fanout-20000, whose plan takes longer to load); ``join_lag_ms``
+  reports that lag, which is inside the measured window (null if only one process
+  claimed anything before the run ended).
+* ``redis_calls_per_step`` = sum of ``round_trips`` the worker processes print on
+  exit (:class:`airuntime.redis_client.CountingRedis`: each command or pipeline the
+  client sends counts once; an EVALSHA counts once whatever the script does inside)
+  / steps. It includes each process's set-up reads (plan, inputs, info).
+* ``redis_cpu_us_per_step`` = delta of ``used_cpu_user + used_cpu_sys`` from
+  ``INFO cpu`` taken just before the workers are started and after both exited,
+  in microseconds / steps.
+* ``server_commands_per_step`` (extra) = delta of ``total_commands_processed``
+  from ``INFO stats`` over the same interval / steps. The server counts the
+  commands a Lua script runs, each one, plus the EVALSHA itself.
+
+Celery (``benchmarks/celery_app.py``): ``chain(noop.si(), chord([noop.si()] *
+2000, noop.si()))``, i.e. 1 -> 2,000 -> 1 = 2,002 tasks, shape ``fanout-2000``,
+run by ``celery worker --pool prefork --concurrency 2`` (without gossip, mingle
+and heartbeats, which only add broker chatter) started as a subprocess. The
+benchmark waits until the worker answers ``control.ping`` and one warm-up task has
+round-tripped, then times, on the client's monotonic clock, from sending the
+workflow to the chord callback's result being ready (``result.get()``, which
+Celery's Redis backend serves by pub/sub). It runs once: it takes ~10 s.
+
+* ``redis_calls_per_step`` for Celery cannot be counted on the client (the tasks
+  are sent and acknowledged by the worker's child processes), so it is the server's
+  ``total_commands_processed`` delta over the timed interval / tasks, which is the
+  same number as ``server_commands_per_step``. For airuntime the two differ (client
+  round trips vs. server commands incl. those inside scripts): compare
+  ``server_commands_per_step`` across systems, ``redis_calls_per_step`` only within
+  one system.
+* ``redis_cpu_us_per_step``: as for airuntime, over the timed interval.
+
+Output
+------
+``--json`` prints one JSON list. Result rows have ``system`` (``airuntime`` or
+``celery``), ``shape``, ``steps``, ``steps_per_s``, ``redis_calls_per_step``,
+``redis_cpu_us_per_step``, and the extras ``duration_s``,
+``server_commands_per_step`` and, for airuntime, ``join_lag_ms`` and
+``runs_steps_per_s``. One row with ``system: "ratio airuntime/celery"`` and
+``shape: "fanout-2000"`` holds airuntime's value divided by Celery's for
+``steps_per_s`` (how many times faster),
+``redis_cpu_us_per_step`` and ``server_commands_per_step``; its ``steps`` and
+``redis_calls_per_step`` are null (the two systems count calls differently, see
+above). Rows with ``system: "target"`` report the performance targets
+(``target``, ``shape``, ``value``, ``threshold``, ``met``); they are a report, not
+an assertion, and the exit status does not depend on them. Without ``--json`` the
+same data is printed as tables. The wall time of the run goes to stderr.
+
+``--no-celery`` skips the Celery peer (and the ratio); ``--shapes`` picks airuntime
+shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+
+from airuntime import keys
+from airuntime.embedded import ENV_VAR, EmbeddedServer
+from airuntime.execution_store import ExecutionStore
+from airuntime.pipeline import Plan, compile_pipeline, parse_pipeline
+from airuntime.redis_client import connect
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER_PROCESSES = 2
+DEFAULT_SLOTS = 64
+CELERY_FANOUT = 2000
+CELERY_CONCURRENCY = 2
+RANDOM_SEED = 7
+RUN_TIMEOUT_S = 180.0
+DEFAULT_REPEAT = 3
+CELERY_BROKER_ENV = "AIRUNTIME_BENCH_CELERY_BROKER"  # read by benchmarks/celery_app.py
+CELERY_BACKEND_ENV = "AIRUNTIME_BENCH_CELERY_BACKEND"
+
+# The issue's targets.
+TARGET_FANOUT_STEPS_PER_S = 5000.0
+TARGET_CALLS_PER_STEP = 1.0
+TARGET_SCALING = 0.8  # steps_per_s(fanout-20000) >= 0.8 * steps_per_s(fanout-2000)
+
+# --------------------------------------------------------------------------- shapes
+
+Deps = dict[str, list[str]]
+
+
+def fan(n: int) -> Deps:
+    """root -> n parallel steps -> sink."""
+    d: Deps = {"root": []}
+    for i in range(n):
+        d[f"s{i}"] = ["root"]
+    d["sink"] = [f"s{i}" for i in range(n)]
+    return d
+
+
+def chain(n: int) -> Deps:
+    return {f"c{i}": ([f"c{i - 1}"] if i else []) for i in range(n)}
+
+
+def random_dag(n: int, seed: int, max_parents: int = 3) -> Deps:
+    rng = random.Random(seed)
+    d: Deps = {}
+    for i in range(n):
+        k = rng.randint(0, min(i, max_parents))
+        d[f"n{i}"] = sorted({f"n{j}" for j in rng.sample(range(i), k)}) if i else []
+    return d
+
+
+def plan_of(deps: Deps, pipeline_id: str) -> Plan:
+    steps = [{"id": sid, "uses": "noop", "depends_on": ds} for sid, ds in deps.items()]
+    return compile_pipeline(parse_pipeline({"id": pipeline_id, "steps": steps}))
+
+
+SHAPES: dict[str, Callable[[], Deps]] = {
+    "fanout-2000": lambda: fan(2000),
+    "fanout-20000": lambda: fan(20000),
+    "chain-2000": lambda: chain(2000),
+    "random-2000": lambda: random_dag(2000, RANDOM_SEED),
+}
+
+# --------------------------------------------------------------------------- redis helpers
+
+
+def with_db(url: str, db: int) -> str:
+    """``url`` pointing at database ``db`` (``redis[s]://host/db`` or ``unix://path?db=``)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(db))]
+        return urlunsplit(parts._replace(query=urlencode(query)))
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    cpu_s: float
+    commands: int
+
+    @staticmethod
+    def take(client: redis.Redis) -> ServerSample:
+        cpu = client.info("cpu")
+        stats = client.info("stats")
+        return ServerSample(
+            float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            int(stats["total_commands_processed"]),
+        )
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _stream_ms(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """``XRANGE``/``XREVRANGE`` reply as ``[(id, fields)]`` with str keys and values."""
+    return [(_s(i), {_s(k): _s(v) for k, v in (f or {}).items()}) for i, f in reply or []]
+
+
+@dataclass(frozen=True)
+class LedgerWindow:
+    first_claim_ms: int
+    finalized_ms: int
+    join_lag_ms: int | None
+    status: str
+
+
+def ledger_window(client: redis.Redis, execution_id: str) -> LedgerWindow:
+    """First ``step_claimed``, per-process first claims and ``execution_finalized``."""
+    stream = keys.execution_keys(execution_id).events
+    first_by_owner: dict[str, int] = {}
+    start = "-"
+    while len(first_by_owner) < WORKER_PROCESSES:
+        page = _entries(client.xrange(stream, min=start, count=5000))
+        if not page:
+            break
+        for entry_id, f in page:
+            if f.get("type") == "step_claimed":
+                first_by_owner.setdefault(f.get("worker", ""), _stream_ms(entry_id))
+        start = "(" + page[-1][0]
+    if not first_by_owner:
+        raise RuntimeError(f"execution {execution_id}: no step_claimed entry in the ledger")
+    finalized: tuple[int, str] | None = None
+    for entry_id, f in _entries(client.xrevrange(stream, count=20)):
+        if f.get("type") == "execution_finalized":
+            finalized = (_stream_ms(entry_id), f.get("status", ""))
+            break
+    if finalized is None:
+        raise RuntimeError(f"execution {execution_id}: no execution_finalized entry in the ledger")
+    firsts = sorted(first_by_owner.values())
+    lag = firsts[-1] - firsts[0] if len(firsts) >= WORKER_PROCESSES else None
+    return LedgerWindow(firsts[0], finalized[0], lag, finalized[1])
+
+
+def drop_execution(client: redis.Redis, execution_id: str) -> None:
+    client.delete(*keys.execution_keys(execution_id).all())
+    client.zrem(keys.executions_index(), execution_id)
+    client.zrem(keys.active_executions(), execution_id)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Row:
+    system: str
+    shape: str
+    steps: int
+    duration_s: float
+    round_trips: int | None
+    server: tuple[ServerSample, ServerSample]
+    join_lag_ms: int | None = None
+    runs: list[float] | None = None
+    """steps_per_s of every repetition (this row is the median one)."""
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.duration_s if self.duration_s > 0 else float("inf")
+
+    @property
+    def server_commands_per_step(self) -> float:
+        return (self.server[1].commands - self.server[0].commands) / self.steps
+
+    @property
+    def redis_calls_per_step(self) -> float:
+        if self.round_trips is None:
+            return self.server_commands_per_step
+        return self.round_trips / self.steps
+
+    @property
+    def redis_cpu_us_per_step(self) -> float:
+        return (self.server[1].cpu_s - self.server[0].cpu_s) * 1e6 / self.steps
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "system": self.system,
+            "shape": self.shape,
+            "steps": self.steps,
+            "steps_per_s": round(self.steps_per_s, 1),
+            "redis_calls_per_step": round(self.redis_calls_per_step, 3),
+            "redis_cpu_us_per_step": round(self.redis_cpu_us_per_step, 1),
+            "duration_s": round(self.duration_s, 3),
+            "server_commands_per_step": round(self.server_commands_per_step, 2),
+        }
+        if self.system == "airuntime":
+            d["join_lag_ms"] = self.join_lag_ms
+        if self.runs is not None:
+            d["runs_steps_per_s"] = [round(x, 1) for x in self.runs]
+        return d
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def ratio_row(air: Row, cel: Row) -> dict[str, Any]:
+    return {
+        "system": "ratio airuntime/celery",
+        "shape": air.shape,
+        "steps": None,
+        "steps_per_s": _ratio(air.steps_per_s, cel.steps_per_s),
+        "redis_calls_per_step": None,
+        "redis_cpu_us_per_step": _ratio(air.redis_cpu_us_per_step, cel.redis_cpu_us_per_step),
+        "server_commands_per_step": _ratio(
+            air.server_commands_per_step, cel.server_commands_per_step
+        ),
+    }
+
+
+def target_rows(rows: list[Row]) -> list[dict[str, Any]]:
+    air = {r.shape: r for r in rows if r.system == "airuntime"}
+    out: list[dict[str, Any]] = []
+
+    def add(target: str, shape: str, value: float, threshold: float, met: bool) -> None:
+        out.append(
+            {
+                "system": "target",
+                "target": target,
+                "shape": shape,
+                "value": round(value, 3),
+                "threshold": round(threshold, 3),
+                "met": met,
+            }
+        )
+
+    if (f2 := air.get("fanout-2000")) is not None:
+        add(
+            "steps_per_s >= 5000",
+            f2.shape,
+            f2.steps_per_s,
+            TARGET_FANOUT_STEPS_PER_S,
+            f2.steps_per_s >= TARGET_FANOUT_STEPS_PER_S,
+        )
+    for r in air.values():
+        add(
+            "redis_calls_per_step <= 1.0",
+            r.shape,
+            r.redis_calls_per_step,
+            TARGET_CALLS_PER_STEP,
+            r.redis_calls_per_step <= TARGET_CALLS_PER_STEP,
+        )
+    if f2 is not None and (f20 := air.get("fanout-20000")) is not None:
+        need = TARGET_SCALING * f2.steps_per_s
+        add(
+            "steps_per_s >= 0.8 * steps_per_s(fanout-2000)",
+            f20.shape,
+            f20.steps_per_s,
+            need,
+            f20.steps_per_s >= need,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def _stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _reaped(procs: list[subprocess.Popen[Any]]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+def _last_json_line(text: str) -> dict[str, Any]:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    raise ValueError(f"no JSON line in worker output: {text[-500:]!r}")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- airuntime
+
+
+async def _create(url: str, plan: Plan) -> str:
+    client = connect(url)
+    try:
+        return await ExecutionStore(client).create(plan)
+    finally:
+        await client.aclose()
+
+
+def run_airuntime(url: str, shape: str, slots: int, repeat: int) -> Row:
+    """Run ``shape`` ``repeat`` times (a new execution each time); the median run."""
+    plan = plan_of(SHAPES[shape](), shape)
+    rows = sorted(
+        (_run_once(url, shape, plan, slots) for _ in range(repeat)), key=lambda r: r.steps_per_s
+    )
+    median = rows[(len(rows) - 1) // 2]
+    median.runs = [r.steps_per_s for r in rows]
+    return median
+
+
+def _run_once(url: str, shape: str, plan: Plan, slots: int) -> Row:
+    steps = len(plan.steps)
+    eid = asyncio.run(_create(url, plan))
+    # Rich prints the worker's JSON line; a wide "terminal" keeps it on one line.
+    env = {**os.environ, ENV_VAR: url, "COLUMNS": "100000", "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "airuntime.cli", "worker", eid, "--workers", str(slots)]
+    client = redis.Redis.from_url(url)
+    try:
+        before = ServerSample.take(client)
+        procs = [
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(WORKER_PROCESSES)
+        ]
+        with _reaped(procs):
+            outputs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in procs]
+        after = ServerSample.take(client)
+        round_trips = 0
+        for p, (stdout, stderr) in zip(procs, outputs, strict=True):
+            if p.returncode != 0:
+                raise RuntimeError(
+                    f"{shape}: worker exited {p.returncode}: {stderr[-2000:]}{stdout[-500:]}"
+                )
+            round_trips += int(_last_json_line(stdout)["round_trips"])
+        window = ledger_window(client, eid)
+        if window.status != "Succeeded":
+            raise RuntimeError(f"{shape}: execution {eid} ended {window.status}")
+        drop_execution(client, eid)
+    finally:
+        client.close()
+    duration = max(window.finalized_ms - window.first_claim_ms, 1) / 1000
+    return Row(
+        "airuntime", shape, steps, duration, round_trips, (before, after), window.join_lag_ms
+    )
+
+
+# --------------------------------------------------------------------------- celery
+
+
+def run_celery(url: str, n: int = CELERY_FANOUT) -> Row:
+    broker, backend = with_db(url, 1), with_db(url, 2)
+    os.environ[CELERY_BROKER_ENV] = broker
+    os.environ[CELERY_BACKEND_ENV] = backend
+    from benchmarks.celery_app import app
+
+    app.conf.update(broker_url=broker, result_backend=backend)
+    # ``python -m`` in the repository root makes ``benchmarks`` importable, as for this
+    # module. Not PYTHONPATH: that is searched before the standard library while the
+    # interpreter starts, and the repository's ``operator/`` would shadow ``operator``.
+    env = dict(os.environ)
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker",
+        "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY), "--loglevel", "WARNING",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--hostname", f"bench-{os.getpid()}@%h",
+    ]  # fmt: skip
+    client = redis.Redis.from_url(url)
+    try:
+        with tempfile.TemporaryFile(mode="w+") as worker_log:
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=REPO_ROOT, stdout=worker_log, stderr=subprocess.STDOUT
+            )
+            with _reaped([proc]):
+                deadline = time.monotonic() + 60
+                while not app.control.ping(timeout=0.5):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        worker_log.seek(0)
+                        raise RuntimeError(
+                            f"celery worker did not come up: {worker_log.read()[-2000:]}"
+                        )
+                duration, before, after = _time_chord(client, n)
+    finally:
+        client.close()
+        # AsyncResult.__del__ unsubscribes from the result backend: let it run while
+        # the server is still up (at interpreter exit it would retry a dead server).
+        gc.collect()
+        with contextlib.suppress(Exception):
+            app.backend.result_consumer.stop()
+        app.close()
+    return Row("celery", "fanout-2000", n + 2, duration, None, (before, after))
+
+
+def _time_chord(client: redis.Redis, n: int) -> tuple[float, ServerSample, ServerSample]:
+    from celery import chain as celery_chain
+    from celery import chord
+
+    from benchmarks.celery_app import noop
+
+    noop.delay().get(timeout=30)  # warm-up: pool children and the result consumer are ready
+    workflow = celery_chain(noop.si(), chord([noop.si() for _ in range(n)], noop.si()))
+    before = ServerSample.take(client)
+    t0 = time.perf_counter()
+    workflow.apply_async().get(timeout=RUN_TIMEOUT_S)
+    duration = time.perf_counter() - t0
+    after = ServerSample.take(client)
+    return duration, before, after
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _print_tables(
+    rows: list[Row], ratio: dict[str, Any] | None, targets: list[dict[str, Any]]
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title="DAG throughput, no-op steps")
+    for col in ("system", "shape", "steps", "steps/s", "duration s", "redis calls/step",
+                "server cmds/step", "redis CPU us/step", "join lag ms"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("system", "shape") else "right")
+    for r in rows:
+        calls = f"{r.redis_calls_per_step:.3f}" + ("" if r.round_trips is not None else " (server)")
+        table.add_row(
+            r.system, r.shape, str(r.steps), f"{r.steps_per_s:,.0f}", f"{r.duration_s:.3f}", calls,
+            f"{r.server_commands_per_step:.2f}", f"{r.redis_cpu_us_per_step:.1f}",
+            "" if r.join_lag_ms is None else str(r.join_lag_ms),
+        )  # fmt: skip
+    console.print(table)
+    if ratio is not None:
+        console.print(
+            f"airuntime/celery on {ratio['shape']}: {ratio['steps_per_s']}x steps/s, "
+            f"{ratio['redis_cpu_us_per_step']}x Redis CPU per step, "
+            f"{ratio['server_commands_per_step']}x server commands per step"
+        )
+    tt = Table(title="Targets (report only)")
+    for col in ("target", "shape", "value", "threshold", "met"):
+        tt.add_column(col)
+    for t in targets:
+        tt.add_row(t["target"], t["shape"], f"{t['value']:,.3f}", f"{t['threshold']:,.3f}",
+                   "[green]yes[/green]" if t["met"] else "[red]NO[/red]")  # fmt: skip
+    console.print(tt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.dag_throughput", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON list instead of tables")
+    parser.add_argument("--redis-url", help="use this Redis/Valkey (default: an embedded Valkey)")
+    parser.add_argument(
+        "--workers", type=int, default=DEFAULT_SLOTS, help="slots per worker process"
+    )
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument(
+        "--repeat", type=int, default=DEFAULT_REPEAT, help="runs per airuntime shape"
+    )
+    parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        url: str = args.redis_url or stack.enter_context(EmbeddedServer()).url
+        rows: list[Row] = []
+        for shape in args.shapes:
+            log(f"airuntime {shape} ...")
+            rows.append(run_airuntime(url, shape, args.workers, max(1, args.repeat)))
+        if not args.no_celery:
+            log("celery fanout-2000 ...")
+            rows.append(run_celery(url))
+    air = next((r for r in rows if r.system == "airuntime" and r.shape == "fanout-2000"), None)
+    cel = next((r for r in rows if r.system == "celery"), None)
+    ratio = ratio_row(air, cel) if air is not None and cel is not None else None
+    targets = target_rows(rows)
+    if args.json:
+        payload = [r.as_dict() for r in rows] + ([ratio] if ratio else []) + targets
+        print(json.dumps(payload, indent=2))
+    else:
+        _print_tables(rows, ratio, targets)
+    log(f"wall time {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
