@@ -237,12 +237,11 @@ def worker(
 
 
 async def _participate(url: str, execution_id: str, settings: Any) -> tuple[str, dict[str, Any]]:
+    import os
     from dataclasses import asdict
 
     from airuntime.redis_client import connect
     from airuntime.worker_pool import WorkerPool
-
-    import os
 
     redis = connect(url, client_name=f"airt-worker:{os.getpid()}")
     try:
@@ -253,6 +252,56 @@ async def _participate(url: str, execution_id: str, settings: Any) -> tuple[str,
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INVALID) from None
         return status, {**asdict(pool.stats), "round_trips": redis.round_trips}
+    finally:
+        await redis.aclose()
+
+
+@app.command()
+def instances(
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only instances visible to this tenant.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print descriptors as JSON.")] = False,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar=ENV_VAR)] = None,
+) -> None:
+    """List registered runtime instances and their capacity."""
+    if not redis_url:
+        raise _fail_invalid(
+            f"airt instances reads the shared registry: set {ENV_VAR} or --redis-url"
+        )
+    descriptors = asyncio.run(_list_instances(redis_url, tenant))
+    if as_json:
+        out.print_json(json.dumps([d.model_dump(mode="json") for d in descriptors]))
+        return
+    table = Table(title=f"runtime instances{f' visible to {tenant}' if tenant else ''}")
+    for col in ("instance", "status", "tenant/mode/prefix", "workers", "runs", "accepts"):
+        table.add_column(col, overflow="fold")
+    for d in descriptors:
+        c = d.capacity
+        table.add_row(
+            d.instance_id,
+            d.status.value,
+            f"{d.tenant_id or '-'} {d.isolation_mode.value} {d.runtime_prefix}",
+            f"{c.active_worker_count} busy, {c.available_worker_count} free of {c.worker_count}"
+            f" (max {c.max_local_workers_per_execution}/execution)",
+            f"{c.queued_run_count} queued (cap {c.queue_capacity}), {c.running_run_count} running,"
+            f" {c.available_run_slots}/{c.max_concurrent_runs} slots free",
+            ("paused" if c.is_queue_paused else "yes" if c.can_accept_run else "no")
+            + f" via {d.provider}",
+        )
+    out.print(table)
+
+
+async def _list_instances(url: str, tenant: str | None) -> list[Any]:
+    from airuntime.redis_client import connect
+    from airuntime.registry import Registry
+
+    redis = connect(url)
+    try:
+        registry = Registry(redis)
+        if tenant:
+            return await registry.list_visible(await registry.tenant(tenant))
+        return await registry.list_all()
     finally:
         await redis.aclose()
 

@@ -53,6 +53,13 @@ Global:
 ``air:instance:<id>``       string  InstanceDescriptor JSON, PX = heartbeat TTL. registry.
 ``air:tenants``             set     tenant ids with stored settings. registry.
 ``air:tenant:<id>:settings`` string TenantSettings JSON. registry (local YAML / operator).
+``air:run:<RunId>``         hash    run execution index record + request. run_index,
+                                    adoptRun-1.lua.
+``air:shared-run:<SRID>``   string  RunId accepted for a SharedRunId (SET NX). run_index.
+``air:instance:<id>:queue`` list    RunIds accepted by an instance, not yet started.
+``air:instance:<id>:inbox`` stream  run requests delivered by the ``redis`` provider.
+``air:runs:<state>``        zset    RunIds queued / running (adoption scans).
+``air:runs:tenant:<t>``     zset    a tenant's RunIds by creation time.
 ==========================  ======  ========================================================
 """
 
@@ -182,3 +189,27 @@ def tenants() -> str:
 
 def tenant_settings(tenant_id: str) -> str:
     return f"{PREFIX}:tenant:{tenant_id}:settings"
+
+
+def run(run_id: str) -> str:
+    return f"{PREFIX}:run:{run_id}"
+
+
+def shared_run_to_run(shared_run_id: str) -> str:
+    return f"{PREFIX}:shared-run:{shared_run_id}"
+
+
+def instance_queue(instance_id: str) -> str:
+    return f"{PREFIX}:instance:{instance_id}:queue"
+
+
+def instance_inbox(instance_id: str) -> str:
+    return f"{PREFIX}:instance:{instance_id}:inbox"
+
+
+def runs_in_state(state: str) -> str:
+    return f"{PREFIX}:runs:{state}"
+
+
+def runs_by_tenant(tenant_id: str) -> str:
+    return f"{PREFIX}:runs:tenant:{tenant_id}"

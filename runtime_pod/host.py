@@ -1,0 +1,234 @@
+"""A runtime host: one process hosting one or more runtime instances, and its HTTP API.
+
+``airt runtime --instances N`` hosts N child instances (the reference's pooled HTTP
+host): each child has its own id ``<prefix>-<n>``, local queue, workers and
+capacity descriptor and is a dispatch target; the host's own identity never is (it
+is not registered). One instance per process is the default, one per pod on
+Kubernetes (where the id is the pod name).
+
+HTTP (FastAPI): ``/healthz``; ``/readyz`` (200 once every child is registered and
+publishing capacity); ``/metrics``; ``POST /v1/instances/{id}/runs`` (the ``http``
+provider's intake); ``GET /v1/settings`` and ``PUT /v1/settings/{key}`` (live
+settings, persisted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from redis.asyncio import Redis
+
+from airuntime import keys
+from airuntime.handlers import HandlerRegistry
+from runtime_pod.config import InstanceConfig
+from runtime_pod.instance import InstanceHooks, RunRefused, RuntimeInstance
+from runtime_pod.metrics import RuntimeMetrics
+from runtime_pod.settings_store import RuntimeSettings, SettingsError, SettingsStore
+from runtime_pod.step_slots import StepSlotController
+
+log = logging.getLogger(__name__)
+
+
+class SettingValue(BaseModel):
+    value: int | str
+
+
+async def allocate_instance_ids(redis: Redis, prefix: str, count: int) -> list[str]:
+    """``<prefix>-<n>`` ids, n from a per-prefix counter (never reused)."""
+    last = int(await redis.incrby(f"{keys.PREFIX}:prefix:{prefix}:seq", count))
+    return [f"{prefix}-{n}" for n in range(last - count + 1, last + 1)]
+
+
+class RuntimeHost:
+    """Hosts instances, their shared step-slot settings and the HTTP API."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        config: InstanceConfig,
+        *,
+        instances: int = 1,
+        instance_ids: list[str] | None = None,
+        http_host: str = "127.0.0.1",
+        http_port: int | None = None,
+        settings_store: SettingsStore | None = None,
+        handlers: HandlerRegistry | None = None,
+    ) -> None:
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances}")
+        self.redis = redis
+        self.config = config
+        self.count = instances
+        self.instance_ids = instance_ids
+        self.http_host = http_host
+        self.http_port = http_port
+        self.settings_store = settings_store
+        self.handlers = handlers
+        self.metrics = RuntimeMetrics()
+        self.instances: list[RuntimeInstance] = []
+        self._server: uvicorn.Server | None = None
+        self._server_task: asyncio.Task[None] | None = None
+        self.endpoint = ""
+
+    async def start(self) -> None:
+        limit = self.config.max_concurrent_step_tasks
+        if self.settings_store is not None:
+            limit = self.settings_store.load().max_concurrent_step_tasks  # bad file fails startup
+        ids = self.instance_ids
+        if ids is None:
+            if self.config.instance_id and self.count == 1:
+                ids = [self.config.instance_id]
+            else:
+                ids = await allocate_instance_ids(
+                    self.redis, self.config.runtime_prefix, self.count
+                )
+        if self.http_port is not None:
+            await self._start_http()
+        for iid in ids:
+            slots = StepSlotController(limit, on_admit=self._slot_admitted(iid))
+            hooks = InstanceHooks(
+                on_step=self._step_observed(iid), on_run_state=self._run_state(iid)
+            )
+            inst = RuntimeInstance(
+                self.redis,
+                self.config,
+                iid,
+                endpoint=self.endpoint,
+                handlers=self.handlers,
+                slots=slots,
+                hooks=hooks,
+            )
+            inst.pool.observer = hooks.on_step
+            self.instances.append(inst)
+            self.metrics.track(inst)
+        if self.settings_store is not None:
+            self.settings_store.subscribe(self._apply_settings)
+        await asyncio.gather(*(i.start() for i in self.instances))
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        await asyncio.gather(*(i.stop(drain_timeout_s=drain_timeout_s) for i in self.instances))
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._server_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._server_task
+
+    def _apply_settings(self, settings: RuntimeSettings) -> None:
+        """Live settings change: raising the limit admits waiters, lowering never pre-empts."""
+        for inst in self.instances:
+            inst.slots.set_limit(settings.max_concurrent_step_tasks)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.instances) and all(i.registered.is_set() for i in self.instances)
+
+    def instance(self, instance_id: str) -> RuntimeInstance | None:
+        return next((i for i in self.instances if i.instance_id == instance_id), None)
+
+    # -- hooks ----------------------------------------------------------------------
+
+    def _slot_admitted(self, iid: str) -> Any:
+        def hook(execution_id: str, wait_s: float) -> None:
+            self.metrics.slot_wait_seconds.labels(iid).observe(wait_s)
+
+        return hook
+
+    def _step_observed(self, iid: str) -> Any:
+        def hook(execution_id: str, step_id: str, outcome: str, seconds: float) -> None:
+            self.metrics.steps.labels(iid, outcome).inc()
+            self.metrics.step_seconds.labels(iid).observe(seconds)
+
+        return hook
+
+    def _run_state(self, iid: str) -> Any:
+        def hook(run_id: str, state: str) -> None:
+            self.metrics.run_transitions.labels(iid, state).inc()
+
+        return hook
+
+    # -- HTTP -------------------------------------------------------------------------
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="airuntime runtime host", version="v1")
+
+        @app.get("/healthz")
+        async def healthz() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.get("/readyz")
+        async def readyz() -> Response:
+            if self.ready:
+                return JSONResponse(
+                    {"status": "ready", "instances": [i.instance_id for i in self.instances]}
+                )
+            return JSONResponse({"status": "starting"}, status_code=503)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+        @app.post("/v1/instances/{instance_id}/runs")
+        async def accept(instance_id: str, request: Request) -> Response:
+            inst = self.instance(instance_id)
+            if inst is None:
+                raise HTTPException(404, f"runtime instance {instance_id!r} is not hosted here")
+            try:
+                body = await request.json()
+            except ValueError:
+                return JSONResponse(
+                    {"error": "body is not JSON", "reason": "invalid"}, status_code=400
+                )
+            try:
+                run_id = await inst.accept(body)
+            except RunRefused as exc:
+                code = 400 if exc.reason == "invalid" else 409
+                return JSONResponse({"error": str(exc), "reason": exc.reason}, status_code=code)
+            return JSONResponse({"run_id": run_id}, status_code=202)
+
+        @app.get("/v1/instances")
+        async def instances() -> list[dict[str, Any]]:
+            return [(await i.descriptor()).model_dump(mode="json") for i in self.instances]
+
+        @app.get("/v1/settings")
+        async def get_settings() -> dict[str, Any]:
+            limit = self.instances[0].slots.limit if self.instances else 0
+            return {"max_concurrent_step_tasks": limit}
+
+        @app.put("/v1/settings/{key}")
+        async def put_setting(key: str, body: SettingValue) -> dict[str, Any]:
+            if self.settings_store is None:
+                raise HTTPException(409, "this host has no settings file")
+            try:
+                settings = self.settings_store.set(key, body.value)
+            except SettingsError as exc:
+                raise HTTPException(400, str(exc)) from None
+            return settings.model_dump()
+
+        return app
+
+    async def _start_http(self) -> None:
+        config = uvicorn.Config(
+            self.app(),
+            host=self.http_host,
+            port=self.http_port or 0,
+            log_level="warning",
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._server_task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._server_task.done():
+                self._server_task.result()
+                raise RuntimeError("HTTP server stopped during startup")
+            await asyncio.sleep(0.01)
+        sock = self._server.servers[0].sockets[0]
+        host, port = sock.getsockname()[:2]
+        self.endpoint = f"http://{host}:{port}"
