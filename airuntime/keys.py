@@ -60,6 +60,14 @@ Global:
 ``air:instance:<id>:inbox`` stream  run requests delivered by the ``redis`` provider.
 ``air:runs:<state>``        zset    RunIds queued / running (adoption scans).
 ``air:runs:tenant:<t>``     zset    a tenant's RunIds by creation time.
+``air:srun:<SRID>``         string  SharedRun JSON. shared_runs.
+``air:sruns[:tenant:<t>]``  zset    shared runs by creation time (all / per tenant).
+``air:{squeue}:pending``    zset    Pending shared-queue items (score = enqueue us).
+``air:{squeue}:claimed``    zset    Claimed items (score = claim lease expiry ms).
+``air:{squeue}:item:<SRID>`` hash   queue item status, claim token, counters.
+``air:{r:<inst>}:reservations`` zset admission reservations of an instance's run slots.
+``air:scaleout:<id>``       string  ScaleOutRequest JSON; ``air:scaleouts`` zset index.
+``air:control-plane``       string  control-plane discovery descriptor (TTL).
 ==========================  ======  ========================================================
 """
 
@@ -213,3 +221,43 @@ def runs_in_state(state: str) -> str:
 
 def runs_by_tenant(tenant_id: str) -> str:
     return f"{PREFIX}:runs:tenant:{tenant_id}"
+
+
+def shared_run(shared_run_id: str) -> str:
+    return f"{PREFIX}:srun:{shared_run_id}"
+
+
+def shared_runs() -> str:
+    return f"{PREFIX}:sruns"
+
+
+def shared_runs_by_tenant(tenant_id: str) -> str:
+    return f"{PREFIX}:sruns:tenant:{tenant_id}"
+
+
+def squeue_pending() -> str:
+    return f"{PREFIX}:{{squeue}}:pending"
+
+
+def squeue_claimed() -> str:
+    return f"{PREFIX}:{{squeue}}:claimed"
+
+
+def squeue_item_prefix() -> str:
+    return f"{PREFIX}:{{squeue}}:item:"
+
+
+def reservations(instance_id: str) -> str:
+    return f"{PREFIX}:{{r:{instance_id}}}:reservations"
+
+
+def scale_out_request(request_id: str) -> str:
+    return f"{PREFIX}:scaleout:{request_id}"
+
+
+def scale_out_requests() -> str:
+    return f"{PREFIX}:scaleouts"
+
+
+def control_plane() -> str:
+    return f"{PREFIX}:control-plane"

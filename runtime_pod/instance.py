@@ -122,6 +122,7 @@ class RuntimeInstance:
         self._stopping = False
         self._last_tenant_slot_limit: int | None = None
         self.registered = asyncio.Event()
+        self._changed = asyncio.Event()
         self.last_capacity: CapacityDescriptor | None = None
 
     # -- capacity ------------------------------------------------------------------
@@ -198,6 +199,7 @@ class RuntimeInstance:
         if created and self.hooks.on_run_state:
             self.hooks.on_run_state(run_id, RunStatus.QUEUED.value)
         self._kick.set()
+        self._changed.set()
         return run_id
 
     def pause_queue(self) -> None:
@@ -235,6 +237,7 @@ class RuntimeInstance:
         self._tasks = [
             asyncio.create_task(self._controller(), name=f"controller:{self.instance_id}"),
             asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.instance_id}"),
+            asyncio.create_task(self._publisher(), name=f"publisher:{self.instance_id}"),
         ]
         if self.config.provider == "redis":
             self._tasks.append(asyncio.create_task(self._inbox(), name=f"inbox:{self.instance_id}"))
@@ -293,11 +296,13 @@ class RuntimeInstance:
         self.participations[key] = _Participation(
             record.run_id, record.execution_id, workers, task, assisting
         )
+        self._changed.set()
 
         def done(_: asyncio.Task[None]) -> None:
             self.participations.pop(key, None)
             self.active_workers -= workers
             self._kick.set()
+            self._changed.set()
 
         task.add_done_callback(done)
 
@@ -349,6 +354,20 @@ class RuntimeInstance:
                     self.hooks.on_run_state(run_id, status.value)
 
     # -- heartbeat, live settings, adoption, assistance ------------------------------------
+
+    async def _publisher(self) -> None:
+        """Publish the descriptor soon after every change (accept, start, finish), so
+        admission does not wait a heartbeat to see capacity move. Debounced."""
+        while True:
+            await self._changed.wait()
+            await asyncio.sleep(0.02)
+            self._changed.clear()
+            try:
+                await self.registry.publish(await self.descriptor(), self.config.heartbeat_ttl_ms)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("publishing the descriptor of %s failed", self.instance_id)
 
     async def _heartbeat(self) -> None:
         while True:

@@ -1,0 +1,58 @@
+--[[
+  Claim the oldest Pending shared-queue item for one pump, skipping items of the
+  tenants listed in ARGV[4..] (tenants that found no capacity earlier in this pump
+  cycle: no head-of-line blocking across tenants; scans at most 1000 items). Items
+  whose claim lease expired (the pump died between claim and mark) go back to
+  Pending first, so a dead pump never strands work; the runtime's SharedRunId
+  idempotency makes the second delivery of such an item harmless.
+
+  Input:
+    KEYS[1] pending zset
+    KEYS[2] claimed zset
+    ARGV[1] item key prefix
+    ARGV[2] claimer (pump identity)
+    ARGV[3] claim lease, milliseconds
+    ARGV[4..] tenant ids to skip
+
+  Output:
+    {}                         nothing pending
+    {SharedRunId, claimToken, recoveredCount}
+]]
+local pendingKey, claimedKey = KEYS[1], KEYS[2]
+local prefix, claimer, leaseMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local t = redis.call('TIME')
+local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local recovered = 0
+local expired = redis.call('ZRANGEBYSCORE', claimedKey, '-inf', nowMs, 'LIMIT', 0, 100)
+for _, srid in ipairs(expired) do
+  redis.call('ZREM', claimedKey, srid)
+  if redis.call('HGET', prefix .. srid, 'status') == 'Claimed' then
+    redis.call('HSET', prefix .. srid, 'status', 'Pending')
+    redis.call('HDEL', prefix .. srid, 'claim_token', 'claimed_by')
+    redis.call('ZADD', pendingKey, redis.call('HGET', prefix .. srid, 'score') or nowUs, srid)
+    recovered = recovered + 1
+  end
+end
+local skip = {}
+for i = 4, #ARGV do skip[ARGV[i]] = true end
+local srid = nil
+if #ARGV < 4 then
+  local head = redis.call('ZRANGE', pendingKey, 0, 0)
+  srid = head[1]
+else
+  for _, candidate in ipairs(redis.call('ZRANGE', pendingKey, 0, 999)) do
+    if not skip[redis.call('HGET', prefix .. candidate, 'tenant_id') or ''] then
+      srid = candidate
+      break
+    end
+  end
+end
+if not srid then return {} end
+redis.call('ZREM', pendingKey, srid)
+local itemKey = prefix .. srid
+local token = claimer .. '#' .. redis.call('HINCRBY', itemKey, 'claims', 1)
+redis.call('HSET', itemKey, 'status', 'Claimed', 'claim_token', token, 'claimed_by', claimer,
+  'claimed_at_ms', nowMs)
+redis.call('ZADD', claimedKey, nowMs + leaseMs, srid)
+return {srid, token, recovered}

@@ -1,0 +1,33 @@
+--[[
+  Put a shared run into the shared queue as a Pending item (FIFO by enqueue time).
+  Idempotent: a Pending or Claimed item stays as it is. A Dispatched, Cancelled or
+  ScaleOutRequested item is enqueued again only when ARGV[3] = '1' (requeue after
+  scale-out fulfilment).
+
+  All shared-queue keys share the hash tag {squeue}; item keys are built from
+  ARGV[1] inside that tag (one slot, Redis-Cluster safe).
+
+  Input:
+    KEYS[1] pending zset   (air:{squeue}:pending, score = enqueue time in microseconds)
+    KEYS[2] claimed zset   (air:{squeue}:claimed, score = claim lease expiry ms)
+    ARGV[1] item key prefix (air:{squeue}:item:)
+    ARGV[2] SharedRunId
+    ARGV[3] '1' to requeue an item that left the queue, '0' otherwise
+    ARGV[4] tenant id
+
+  Output:
+    1 enqueued   0 already queued (no change)   -6 item is terminal and requeue not asked
+]]
+local pendingKey, claimedKey = KEYS[1], KEYS[2]
+local itemKey = ARGV[1] .. ARGV[2]
+local t = redis.call('TIME')
+local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local status = redis.call('HGET', itemKey, 'status')
+if status == 'Pending' or status == 'Claimed' then return 0 end
+if status and ARGV[3] ~= '1' then return -6 end
+redis.call('HSET', itemKey, 'status', 'Pending', 'shared_run_id', ARGV[2], 'tenant_id', ARGV[4],
+  'enqueued_at_ms', math.floor(nowUs / 1000), 'score', nowUs)
+redis.call('HDEL', itemKey, 'claim_token', 'claimed_by')
+redis.call('HINCRBY', itemKey, 'enqueues', 1)
+redis.call('ZADD', pendingKey, nowUs, ARGV[2])
+return 1
