@@ -313,6 +313,9 @@ def _load_plugins() -> None:
 
 
 def main() -> None:
+    from airuntime import cli_control
+
+    cli_control.register(app)
     _load_plugins()
     app()
 

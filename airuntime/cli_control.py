@@ -1,0 +1,391 @@
+"""Control-plane commands of ``airt``: ``control-plane``, ``up``, ``submit``, ``drain``,
+``runs`` and ``demo``.
+
+``up`` runs everything locally (embedded Valkey + control plane + local scaler + API)
+and writes ``$AIRUNTIME_HOME/up.json``; ``submit``/``drain``/``runs`` talk to the API it
+serves (or to ``--api``/``AIRUNTIME_API_URL`` with ``--token``/``AIRUNTIME_API_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from airuntime.control_plane import ControlPlaneSettings, SubmitMode
+from airuntime.embedded import ENV_VAR, redis_for_process
+from airuntime.errors import ConfigError
+from airuntime.pipeline import PipelineError, load_pipeline
+from airuntime.rbac import Authenticator
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _invalid(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def control_plane(
+    host: Annotated[str, typer.Option(envvar="AIRUNTIME_API_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="AIRUNTIME_API_PORT")] = 8780,
+    tokens_file: Annotated[Path | None, typer.Option(envvar="AIRUNTIME_TOKENS_FILE")] = None,
+    tenants_file: Annotated[Path | None, typer.Option(envvar="AIRUNTIME_TENANTS_FILE")] = None,
+    submit_mode: Annotated[
+        SubmitMode, typer.Option(envvar="AIRUNTIME_SUBMIT_MODE")
+    ] = SubmitMode.QUEUE_FIRST,
+    pump: Annotated[
+        bool, typer.Option(envvar="AIRUNTIME_PUMP_ENABLED", help="Allow manual drain.")
+    ] = True,
+    background_pump: Annotated[bool, typer.Option(envvar="AIRUNTIME_BACKGROUND_PUMP")] = True,
+    scale_out: Annotated[bool, typer.Option(envvar="AIRUNTIME_SCALE_OUT_ENABLED")] = True,
+    scale_out_provider: Annotated[
+        str, typer.Option(envvar="AIRUNTIME_SCALE_OUT_PROVIDER", help="local | none")
+    ] = "local",
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar=ENV_VAR)] = None,
+) -> None:
+    """Run the control plane (API, pump, admission, scale-out) on a shared Redis."""
+    from airuntime.local_stack import load_tenants, serve_control_plane
+
+    if not redis_url:
+        raise _invalid(f"airt control-plane needs a shared Redis: set {ENV_VAR} (or use `airt up`)")
+    if scale_out_provider not in ("local", "none"):
+        raise _invalid(f"--scale-out-provider: expected local or none, got {scale_out_provider!r}")
+    try:
+        auth = Authenticator.from_file(tokens_file) if tokens_file else None
+        tenants = load_tenants(tenants_file) if tenants_file else None
+    except ConfigError as exc:
+        raise _invalid(str(exc)) from None
+    if auth is None:
+        raise _invalid(
+            "--tokens-file (or AIRUNTIME_TOKENS_FILE) is required: the API needs bearer tokens"
+        )
+    settings = ControlPlaneSettings(
+        submit_mode=submit_mode,
+        pump_enabled=pump,
+        background_pump=background_pump,
+        scale_out_enabled=scale_out,
+    )
+    asyncio.run(
+        serve_control_plane(
+            redis_url,
+            host=host,
+            port=port,
+            settings=settings,
+            tenants=tenants,
+            auth=auth,
+            local_scaler=scale_out_provider == "local",
+        )
+    )
+
+
+def up(
+    port: Annotated[int, typer.Option(help="API port (0 = any free port).")] = 8780,
+    tenants_file: Annotated[Path | None, typer.Option(envvar="AIRUNTIME_TENANTS_FILE")] = None,
+    submit_mode: Annotated[SubmitMode, typer.Option()] = SubmitMode.DIRECT_DISPATCH,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Keep Valkey data here (default: ephemeral).")
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar=ENV_VAR)] = None,
+) -> None:
+    """Everything on this machine: embedded Valkey + control plane + local scaler + API."""
+    from airuntime.local_stack import load_tenants, serve_control_plane, state_file
+
+    try:
+        tenants = load_tenants(tenants_file)
+    except ConfigError as exc:
+        raise _invalid(str(exc)) from None
+    settings = ControlPlaneSettings(submit_mode=submit_mode)
+    state: dict[str, Any] = {}
+    options: dict[str, Any] = {"data_dir": data_dir} if data_dir else {}
+    with redis_for_process(**options) if not redis_url else _given(redis_url) as url:
+        console.print(f"airt up: Redis at {url}; API on 127.0.0.1:{port}; state in {state_file()}")
+        asyncio.run(
+            serve_control_plane(url, port=port, settings=settings, tenants=tenants, state=state)
+        )
+
+
+class _given:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> str:
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _client(api: str | None, token: str | None, tenant: str | None) -> tuple[str, str]:
+    if api and token:
+        return api, token
+    from airuntime.local_stack import read_state
+
+    try:
+        state = read_state()
+    except ConfigError as exc:
+        raise _invalid(str(exc)) from None
+    tokens: dict[str, str] = state.get("tokens", {})
+    tenant = tenant or "default"
+    if tenant not in tokens:
+        known = ", ".join(tokens)
+        raise _invalid(
+            f"--tenant: {tenant!r} is not a tenant of the running stack (known: {known})"
+        )
+    return api or state["api_url"], token or tokens[tenant]
+
+
+def submit(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file.")],
+    tenant: Annotated[
+        str | None, typer.Option(help="Submit as this tenant (local stack tokens).")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the run until it ends.")] = False,
+    mode: Annotated[SubmitMode | None, typer.Option()] = None,
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=VALUE")] = None,
+    api: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_URL")] = None,
+    token: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_TOKEN")] = None,
+) -> None:
+    """Submit PIPELINE to the control plane; with --wait show progress until it ends."""
+    try:
+        load_pipeline(pipeline)
+    except PipelineError as exc:
+        raise _invalid(str(exc)) from None
+    doc = yaml.safe_load(pipeline.read_text())
+    values: dict[str, Any] = {}
+    for item in inputs or []:
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise _invalid(f"--input: expected NAME=VALUE, got {item!r}")
+        try:
+            values[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[name] = raw
+    base, tok = _client(api, token, tenant)
+    headers = {"authorization": f"Bearer {tok}"}
+    body: dict[str, Any] = {"pipeline": doc, "inputs": values}
+    if mode is not None:
+        body["mode"] = mode.value
+    resp = httpx.post(f"{base}/v1/runs", json=body, headers=headers, timeout=60)
+    if resp.status_code >= 400:
+        raise _invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
+    run = resp.json()
+    console.print(f"submitted {run['shared_run_id']}: {run['status']}")
+    if not wait:
+        out.print(json.dumps(run))
+        return
+    final = _follow(base, headers, run["shared_run_id"])
+    out.print(json.dumps(final, indent=2))
+    status = (final.get("run") or {}).get("status")
+    raise typer.Exit(0 if status == "completed" else 1)
+
+
+def _follow(
+    base: str, headers: dict[str, str], srid: str, timeout_s: float = 600
+) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    deadline = time.monotonic() + timeout_s
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[state]}"),
+        console=console,
+    ) as progress:
+        task = progress.add_task(srid, total=None, state="")
+        while time.monotonic() < deadline:
+            body = httpx.get(f"{base}/v1/runs/{srid}", headers=headers, timeout=30).json()
+            run = body.get("run") or {}
+            ex = body.get("execution") or {}
+            where = body.get("assigned_instance_id") or ""
+            state = f"{body.get('status')} {run.get('status', '')} {where}"
+            progress.update(
+                task, total=ex.get("total"), completed=ex.get("done", 0), state=state.strip()
+            )
+            if run.get("status") in ("completed", "failed", "cancelled") or body.get("status") in (
+                "Rejected",
+                "Cancelled",
+                "Failed",
+            ):
+                return dict(body)
+            time.sleep(0.2)
+    raise _invalid(f"run {srid} did not finish within {timeout_s} s")
+
+
+def drain(
+    max_count: Annotated[int, typer.Option()] = 100,
+    tenant: Annotated[str | None, typer.Option()] = None,
+    api: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_URL")] = None,
+    token: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_TOKEN")] = None,
+) -> None:
+    """Drain the shared queue once (manual pump)."""
+    base, tok = _client(api, token, tenant)
+    resp = httpx.post(
+        f"{base}/v1/queue/drain",
+        json={"max_count": max_count},
+        headers={"authorization": f"Bearer {tok}"},
+        timeout=120,
+    )
+    if resp.status_code >= 400:
+        raise _invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
+    out.print(json.dumps(resp.json()))
+
+
+def runs(
+    tenant: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+    api: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_URL")] = None,
+    token: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_TOKEN")] = None,
+) -> None:
+    """List the caller tenant's shared runs."""
+    base, tok = _client(api, token, tenant)
+    resp = httpx.get(
+        f"{base}/v1/runs",
+        params={"limit": limit},
+        headers={"authorization": f"Bearer {tok}"},
+        timeout=30,
+    )
+    if resp.status_code >= 400:
+        raise _invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
+    table = Table(title="shared runs")
+    for col in ("shared run", "pipeline", "status", "instance", "run id"):
+        table.add_column(col, overflow="fold")
+    for r in resp.json():
+        table.add_row(
+            r["shared_run_id"],
+            r["pipeline_id"],
+            r["status"],
+            r.get("assigned_instance_id") or "-",
+            r.get("run_id") or "-",
+        )
+    out.print(table)
+
+
+DEMO_TENANTS = (("default", "Shared"), ("tenant-a", "Dedicated"), ("tenant-b", "Hybrid"))
+
+
+def demo(
+    pipeline: Annotated[Path, typer.Option(help="Pipeline each tenant submits.")] = Path(
+        "examples/summarize-documents.yaml"
+    ),
+) -> None:
+    """Run `airt up` in the background, submit a pipeline as three tenants (shared,
+    dedicated, hybrid), show scale-out happening, and print where each run ran."""
+    if not pipeline.exists():
+        raise _invalid(f"--pipeline: {pipeline} not found (run the demo from the repository root)")
+    home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
+    env = {**os.environ, "AIRUNTIME_HOME": str(home), "COLUMNS": "120"}
+    env.pop(ENV_VAR, None)
+    console.print(
+        "[bold]1.[/bold] starting `airt up` (embedded Valkey + control plane + local scaler)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airuntime.cli", "up", "--port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        state_path = home / "up.json"
+        deadline = time.monotonic() + 60
+        while not state_path.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise _invalid(f"airt up did not start: {err[-2000:]}")
+            time.sleep(0.1)
+        state = json.loads(state_path.read_text())
+        base = state["api_url"]
+        doc = yaml.safe_load(pipeline.read_text())
+        submitted: dict[str, str] = {}
+        console.print(
+            "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
+        )
+        for tenant, mode in DEMO_TENANTS:
+            headers = {"authorization": f"Bearer {state['tokens'][tenant]}"}
+            r = httpx.post(
+                f"{base}/v1/runs", json={"pipeline": doc}, headers=headers, timeout=60
+            ).json()
+            submitted[tenant] = r["shared_run_id"]
+            console.print(f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}")
+        console.print(
+            "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
+        )
+        results: dict[str, dict[str, Any]] = {}
+        seen: dict[str, str] = {}
+        deadline = time.monotonic() + 180
+        while len(results) < len(submitted) and time.monotonic() < deadline:
+            for tenant, srid in submitted.items():
+                if tenant in results:
+                    continue
+                headers = {"authorization": f"Bearer {state['tokens'][tenant]}"}
+                body = httpx.get(f"{base}/v1/runs/{srid}", headers=headers, timeout=30).json()
+                label = f"{body['status']} {(body.get('run') or {}).get('status', '')}".strip()
+                if seen.get(tenant) != label:
+                    seen[tenant] = label
+                    console.print(f"   {tenant:9} {label} {body.get('assigned_instance_id') or ''}")
+                if (body.get("run") or {}).get("status") in ("completed", "failed", "cancelled"):
+                    results[tenant] = body
+            time.sleep(0.2)
+        table = Table(title="where each run ran")
+        for col in (
+            "tenant",
+            "mode",
+            "shared run",
+            "runtime instance",
+            "run",
+            "execution",
+            "steps",
+        ):
+            table.add_column(col, no_wrap=True)
+        for tenant, mode in DEMO_TENANTS:
+            body = results.get(tenant, {})
+            run = body.get("run") or {}
+            ex = body.get("execution") or {}
+            table.add_row(
+                tenant,
+                mode,
+                submitted[tenant][:11] + "…",
+                body.get("assigned_instance_id") or "-",
+                run.get("status", "unfinished"),
+                (body.get("execution_id") or "-")[:11] + "…",
+                f"{ex.get('completed', 0)}/{ex.get('total', '?')}",
+            )
+        out.print(table)
+        ok = len(results) == len(submitted) and all(
+            (b.get("run") or {}).get("status") == "completed" for b in results.values()
+        )
+    finally:
+        console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    raise typer.Exit(0 if ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("control-plane")(control_plane)
+    app.command("up")(up)
+    app.command("submit")(submit)
+    app.command("drain")(drain)
+    app.command("runs")(runs)
+    app.command("demo")(demo)
