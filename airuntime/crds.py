@@ -214,9 +214,12 @@ class RuntimePoolSpec(
         ),
         _cel(
             "!has(self.env) || self.env.all(e, !(e.name in "
-            + "[" + ", ".join(f"'{n}'" for n in OPERATOR_MANAGED_ENV) + "]))",
+            + "["
+            + ", ".join(f"'{n}'" for n in OPERATOR_MANAGED_ENV)
+            + "]))",
             "env must not set a variable the operator manages ("
-            + ", ".join(OPERATOR_MANAGED_ENV) + ")",
+            + ", ".join(OPERATOR_MANAGED_ENV)
+            + ")",
             fieldPath=".env",
         ),
     ),
@@ -231,7 +234,9 @@ class RuntimePoolSpec(
         json_schema_extra=_validations(_cel("self == oldSelf", "tenantId is immutable")),
     )
     """Tenant that owns the pool (DNS label). Immutable."""
-    tenant_group_id: str | None = Field(default=None, min_length=1, max_length=63, pattern=_DNS_LABEL)
+    tenant_group_id: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=_DNS_LABEL
+    )
     """Tenant group sharing Dedicated/Hybrid runtimes with the tenant."""
     isolation_mode: IsolationMode = IsolationMode.SHARED
     """Shared, Dedicated or Hybrid (see :mod:`airuntime.tenancy`)."""
@@ -297,7 +302,9 @@ class RuntimePoolSpec(
             raise ValueError("preferDedicated requires isolationMode Dedicated or Hybrid")
         managed = sorted({e.name for e in self.env} & set(OPERATOR_MANAGED_ENV))
         if managed:
-            raise ValueError(f"env must not set a variable the operator manages: {', '.join(managed)}")
+            raise ValueError(
+                f"env must not set a variable the operator manages: {', '.join(managed)}"
+            )
         return self
 
     @property
@@ -352,7 +359,9 @@ class TenantSettingsSnapshot(_Resource):
 
     tenant_id: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL)
     """Tenant id."""
-    tenant_group_id: str | None = Field(default=None, min_length=1, max_length=63, pattern=_DNS_LABEL)
+    tenant_group_id: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=_DNS_LABEL
+    )
     """Tenant group id."""
     isolation_mode: IsolationMode
     """Shared, Dedicated or Hybrid."""
@@ -407,7 +416,9 @@ class ScaleOutRequestSpec(
     """How many instances to add."""
     tenant_settings: TenantSettingsSnapshot | None = None
     """The tenant's settings at request time."""
-    pool_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)
+    pool_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN
+    )
     """RuntimePool to scale; default: the pool of (tenantId, runtimePrefix) in the namespace."""
 
     @model_validator(mode="after")
@@ -531,7 +542,8 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs: dict[str, Any] = raw.pop("$defs", {})
-    return _convert(raw, defs)
+    schema: dict[str, Any] = _convert(raw, defs)
+    return schema
 
 
 def _convert(node: Any, defs: Mapping[str, Any]) -> Any:
@@ -566,7 +578,7 @@ def _convert(node: Any, defs: Mapping[str, Any]) -> Any:
             raise ValueError(f"{key} is not portable to OpenAPI v3.0; use ge/le bounds")
         else:
             out[key] = _convert(value, defs)
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+    if out.get("type") == "object" and not {"properties", "additionalProperties"} & out.keys():
         out["x-kubernetes-preserve-unknown-fields"] = True
     first = {k: out.pop(k) for k in ("type", "description") if k in out}
     return {**first, **out}
@@ -583,7 +595,8 @@ def _convert_any_of(node: dict[str, Any], defs: Mapping[str, Any]) -> dict[str, 
     rest = {k: v for k, v in node.items() if k != "anyOf"}
     types = sorted(str(o.get("type")) for o in options)
     if len(options) == 1:
-        return dict(_convert({**options[0], **rest}, defs))
+        converted: dict[str, Any] = _convert({**options[0], **rest}, defs)
+        return converted
     if types == ["integer", "string"]:
         converted = {k: _convert(v, defs) for k, v in rest.items() if k not in _DROPPED_KEYS}
         return {**converted, "x-kubernetes-int-or-string": True}

@@ -90,7 +90,7 @@ class RedisProvider:
         got: Any = await self.redis.blpop([reply_to], timeout=self.timeout_s)
         if got is None:
             raise DeliveryError(
-                f"Runtime instance {instance.instance_id} did not answer within {self.timeout_s} s.",
+                f"Runtime instance {instance.instance_id} did not answer in {self.timeout_s} s.",
                 reason="timeout",
             )
         return _parse_reply(instance.instance_id, json.loads(got[1]))

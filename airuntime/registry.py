@@ -19,8 +19,8 @@ Keys (see :mod:`airuntime.keys`):
 from __future__ import annotations
 
 import time
-from typing import Any
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis

@@ -41,10 +41,14 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 def _normalised(snapshot: dict[str, Any]) -> dict[str, Any]:
     steps = {
-        sid: {k: v for k, v in st.items() if k not in VOLATILE} for sid, st in snapshot["steps"].items()
+        sid: {k: v for k, v in st.items() if k not in VOLATILE}
+        for sid, st in snapshot["steps"].items()
     }
-    top = {k: v for k, v in snapshot.items() if k not in {"execution_id", "created_at_ms", "started_at_ms",
-                                                          "finished_at_ms", "steps"}}
+    top = {
+        k: v
+        for k, v in snapshot.items()
+        if k not in {"execution_id", "created_at_ms", "started_at_ms", "finished_at_ms", "steps"}
+    }
     return {**top, "steps": steps}
 
 
@@ -72,7 +76,12 @@ async def _run_once(
     overrides = {
         sid: {
             "with": {"up": [f"${{steps.{p}.output}}" for p in ps]},
-            "retry": {"max_attempts": 3, "backoff_initial_s": 0.001, "backoff_max_s": 0.005, "jitter": 0.5},
+            "retry": {
+                "max_attempts": 3,
+                "backoff_initial_s": 0.001,
+                "backoff_max_s": 0.005,
+                "jitter": 0.5,
+            },
         }
         for sid, ps in deps.items()
     }
@@ -103,7 +112,9 @@ async def test_terminal_snapshot_is_independent_of_worker_count_failures_and_cra
             assert _normalised(results[w]) == baseline, (
                 f"{w} workers with crashes diverged from 1 worker without crashes"
             )
-        expected_failed = {s for s in scenario["deps"] if {(s, 1), (s, 2), (s, 3)} <= scenario["failing"]}
+        expected_failed = {
+            s for s in scenario["deps"] if {(s, 1), (s, 2), (s, 3)} <= scenario["failing"]
+        }
         failed = {s for s, st in results[1]["steps"].items() if st["status"] == "failed"}
         assert failed == expected_failed
     finally:
