@@ -54,8 +54,12 @@ def control_plane(
     background_pump: Annotated[bool, typer.Option(envvar="AIRUNTIME_BACKGROUND_PUMP")] = True,
     scale_out: Annotated[bool, typer.Option(envvar="AIRUNTIME_SCALE_OUT_ENABLED")] = True,
     scale_out_provider: Annotated[
-        str, typer.Option(envvar="AIRUNTIME_SCALE_OUT_PROVIDER", help="local | none")
+        str, typer.Option(envvar="AIRUNTIME_SCALE_OUT_PROVIDER", help="local | kubernetes | none")
     ] = "local",
+    namespace: Annotated[
+        str | None,
+        typer.Option(envvar="AIRUNTIME_NAMESPACE", help="Namespace of ScaleOutRequests."),
+    ] = None,
     redis_url: Annotated[str | None, typer.Option("--redis-url", envvar=ENV_VAR)] = None,
 ) -> None:
     """Run the control plane (API, pump, admission, scale-out) on a shared Redis."""
@@ -63,8 +67,10 @@ def control_plane(
 
     if not redis_url:
         raise _invalid(f"airt control-plane needs a shared Redis: set {ENV_VAR} (or use `airt up`)")
-    if scale_out_provider not in ("local", "none"):
-        raise _invalid(f"--scale-out-provider: expected local or none, got {scale_out_provider!r}")
+    if scale_out_provider not in ("local", "kubernetes", "none"):
+        raise _invalid(
+            f"--scale-out-provider: expected local, kubernetes or none, got {scale_out_provider!r}"
+        )
     try:
         auth = Authenticator.from_file(tokens_file) if tokens_file else None
         tenants = load_tenants(tenants_file) if tenants_file else None

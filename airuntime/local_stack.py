@@ -32,7 +32,7 @@ from airuntime.errors import ConfigError
 from airuntime.rbac import Authenticator, TokenEntry
 from airuntime.redis_client import connect
 from airuntime.registry import Registry
-from airuntime.scale_out import LocalScaler
+from airuntime.scale_out import LocalScaler, ScaleOutProvider
 from airuntime.tenancy import TenantSettings
 
 
@@ -85,12 +85,13 @@ async def serve_control_plane(
     tenants: list[TenantSettings] | None = None,
     auth: Authenticator | None = None,
     local_scaler: bool = True,
+    scale_out_provider: ScaleOutProvider | None = None,
     state: dict[str, Any] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run the control plane and its API until ``stop`` is set (or SIGINT/SIGTERM)."""
     redis = connect(redis_url, client_name="airt-control-plane")
-    scaler = LocalScaler(redis, redis_url) if local_scaler else None
+    scaler = scale_out_provider or (LocalScaler(redis, redis_url) if local_scaler else None)
     cp = ControlPlane(redis, settings, scale_out_provider=scaler)
     metrics = ControlPlaneMetrics(cp.queue, cp.scale_outs)
     cp.dispatcher.observer = metrics.observe
