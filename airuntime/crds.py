@@ -275,7 +275,8 @@ class RuntimePoolSpec(
     """Step handlers executing at once on one pod (0 = unlimited). Applied live, without a
     pod restart, through the published tenant settings."""
     idle_scale_in_delay_seconds: int = Field(default=300, ge=0, le=86_400)
-    """How long a pod must be idle before the operator may remove it (scale-in)."""
+    """Seconds a pod must stay idle before the operator removes it (scale-in, never below
+    minInstances); 0 disables scale-in (e.g. when an HPA drives the pool)."""
     image: str | None = Field(default=None, min_length=1, max_length=1024)
     """Container image; default: the operator's ``AIRUNTIME_OPERATOR_RUNTIME_IMAGE``."""
     resources: ResourceRequirements | None = None

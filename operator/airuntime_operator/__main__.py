@@ -1,0 +1,32 @@
+"""``python -m airuntime_operator``: run the operator with settings from the environment.
+
+Peering named ``airuntime`` (HA) unless ``AIRUNTIME_OPERATOR_STANDALONE=1``; see
+:class:`~airuntime_operator.settings.OperatorSettings` for every variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from airuntime_operator.runner import run
+from airuntime_operator.settings import OperatorSettings, SettingsError
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=os.environ.get("AIRUNTIME_OPERATOR_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(name)s [%(levelname)s] %(message)s",
+    )
+    try:
+        settings = OperatorSettings.from_env()
+    except SettingsError as exc:
+        print(f"airuntime operator: {exc}", file=sys.stderr)
+        return 2
+    run(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

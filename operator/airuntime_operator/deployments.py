@@ -1,0 +1,331 @@
+"""Pure builders of the Kubernetes objects that run one RuntimePool.
+
+Why a module of its own: what a pool *is* on the cluster -- a ServiceAccount, a
+ConfigMap of live settings, a headless Service and a Deployment of ``airt runtime``
+pods -- is a function of the pool's spec and nothing else. Keeping it free of I/O
+makes it testable without a cluster and keeps the handlers about *when* to apply,
+not *what*.
+
+Every object carries the recommended ``app.kubernetes.io/*`` labels plus
+``airuntime.io/tenant`` and ``airuntime.io/prefix``, and an owner reference to its
+RuntimePool (so the garbage collector would also remove it).
+
+``maxConcurrentStepTasks`` deliberately does not appear in the pod template: the
+runtime applies it live from the tenant settings in Redis, and the env var that
+carries its start value reads it from the pool's ConfigMap, so changing it does not
+roll the Deployment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from airuntime.crds import OPERATOR_MANAGED_ENV, RUNTIME_POOL, RuntimePoolSpec
+from airuntime.tenancy import TenantSettings
+
+__all__ = [
+    "COMPONENT",
+    "CONTAINER_NAME",
+    "HTTP_PORT",
+    "LABEL_POOL",
+    "LABEL_PREFIX",
+    "LABEL_TENANT",
+    "LIVE_SETTINGS_KEY",
+    "MANAGED_BY",
+    "RUNTIME_COMMAND",
+    "TEMPLATE_HASH_ANNOTATION",
+    "PoolRef",
+    "children",
+    "config_map",
+    "deployment",
+    "live_settings_name",
+    "pod_template",
+    "runtime_env",
+    "selector_labels",
+    "selector_string",
+    "service",
+    "service_account",
+    "template_hash",
+]
+
+MANAGED_BY: Final = "airuntime-operator"
+COMPONENT: Final = "runtime"
+APP_NAME: Final = "airuntime-runtime"
+LABEL_TENANT: Final = "airuntime.io/tenant"
+LABEL_PREFIX: Final = "airuntime.io/prefix"
+LABEL_POOL: Final = "airuntime.io/pool"
+TEMPLATE_HASH_ANNOTATION: Final = "airuntime.io/pod-template-hash"
+CONTAINER_NAME: Final = "runtime"
+RUNTIME_COMMAND: Final = ("airt", "runtime")
+HTTP_PORT: Final = 8080
+LIVE_SETTINGS_KEY: Final = "maxConcurrentStepTasks"
+RUN_AS: Final = 10001
+
+_DEFAULT_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """Identity of a RuntimePool object: what its children's owner references need."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": RUNTIME_POOL.api_version,
+            "kind": RUNTIME_POOL.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def selector_labels(spec: RuntimePoolSpec) -> dict[str, str]:
+    """The pods' selector: stable for the pool's life (the prefix is immutable)."""
+    return {"app.kubernetes.io/name": APP_NAME, LABEL_PREFIX: spec.runtime_prefix}
+
+
+def selector_string(spec: RuntimePoolSpec) -> str:
+    """``selector_labels`` as a label-selector string (``status.selector``)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(spec).items())
+
+
+def _labels(
+    ref: PoolRef, spec: RuntimePoolSpec, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    return {
+        **(extra or {}),
+        **selector_labels(spec),
+        "app.kubernetes.io/instance": spec.runtime_prefix,
+        "app.kubernetes.io/component": COMPONENT,
+        "app.kubernetes.io/part-of": "airuntime",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_TENANT: spec.tenant_id,
+        LABEL_POOL: ref.name,
+    }
+
+
+def _metadata(
+    ref: PoolRef, spec: RuntimePoolSpec, name: str, extra_labels: Mapping[str, str] | None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": _labels(ref, spec, extra_labels),
+        "ownerReferences": [ref.owner_reference()],
+    }
+
+
+def live_settings_name(spec: RuntimePoolSpec) -> str:
+    """Name of the pool's ConfigMap of settings that change without a rollout."""
+    return f"{spec.runtime_prefix}-live-settings"
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
+    """The runtime container's environment: the pool's settings, then its extra env."""
+    settings: TenantSettings = spec.tenant_settings()
+    env: list[dict[str, Any]] = [
+        {
+            "name": "AIRUNTIME_REDIS_URL",
+            "valueFrom": {"secretKeyRef": {"name": spec.redis.name, "key": spec.redis.key}},
+        },
+        {"name": "AIRUNTIME_TENANT_ID", "value": settings.tenant_id},
+        {"name": "AIRUNTIME_TENANT_GROUP_ID", "value": settings.tenant_group_id or ""},
+        {"name": "AIRUNTIME_ISOLATION_MODE", "value": settings.isolation_mode.value},
+        {"name": "AIRUNTIME_PREFER_DEDICATED", "value": _bool(settings.prefer_dedicated)},
+        {"name": "AIRUNTIME_ALLOW_SHARED_FALLBACK", "value": _bool(settings.allow_shared_fallback)},
+        {"name": "AIRUNTIME_RUNTIME_PREFIX", "value": settings.runtime_prefix},
+        {
+            "name": "AIRUNTIME_INSTANCE_ID",
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+        },
+        {"name": "AIRUNTIME_WORKERS", "value": str(settings.workers_per_instance)},
+        {"name": "AIRUNTIME_MAX_CONCURRENT_RUNS", "value": str(settings.max_concurrent_runs)},
+        {"name": "AIRUNTIME_QUEUE_CAPACITY", "value": str(settings.queue_capacity)},
+        {
+            "name": "AIRUNTIME_MAX_LOCAL_WORKERS_PER_EXECUTION",
+            "value": str(settings.max_local_workers_per_execution),
+        },
+        {
+            # The start value only: the runtime follows the tenant settings in Redis live.
+            "name": "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS",
+            "valueFrom": {
+                "configMapKeyRef": {
+                    "name": live_settings_name(spec),
+                    "key": LIVE_SETTINGS_KEY,
+                    "optional": True,
+                }
+            },
+        },
+        {"name": "AIRUNTIME_HTTP_PORT", "value": str(HTTP_PORT)},
+    ]
+    assert tuple(e["name"] for e in env) == OPERATOR_MANAGED_ENV
+    return env + [e.to_wire() for e in spec.env]
+
+
+def _probe(path: str, *, period: int, initial_delay: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": 3,
+    }
+    if initial_delay:
+        probe["initialDelaySeconds"] = initial_delay
+    return probe
+
+
+def pod_template(
+    ref: PoolRef,
+    spec: RuntimePoolSpec,
+    *,
+    image: str,
+    extra_labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The runtime pods' template: ``airt runtime``, probes, a hardened security context."""
+    resources = spec.resources.to_wire() if spec.resources is not None else _DEFAULT_RESOURCES
+    return {
+        "metadata": {"labels": _labels(ref, spec, extra_labels)},
+        "spec": {
+            "serviceAccountName": spec.runtime_prefix,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 60,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": RUN_AS,
+                "runAsGroup": RUN_AS,
+                "fsGroup": RUN_AS,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": CONTAINER_NAME,
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": list(RUNTIME_COMMAND),
+                    "env": runtime_env(spec),
+                    "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+                    "readinessProbe": _probe("/readyz", period=5),
+                    "livenessProbe": _probe("/healthz", period=10, initial_delay=10),
+                    "resources": dict(resources),
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "runAsNonRoot": True,
+                        "privileged": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                }
+            ],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
+        },
+    }
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short, stable digest of a pod template (changes exactly when a rollout is due)."""
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def deployment(
+    ref: PoolRef,
+    spec: RuntimePoolSpec,
+    *,
+    image: str,
+    extra_labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The pool's Deployment, named after its runtime prefix, with clamped replicas."""
+    template = pod_template(ref, spec, image=image, extra_labels=extra_labels)
+    metadata = _metadata(ref, spec, spec.runtime_prefix, extra_labels)
+    metadata["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash(template)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": spec.effective_replicas,
+            "selector": {"matchLabels": selector_labels(spec)},
+            "revisionHistoryLimit": 5,
+            # A runtime pod holds runs: never take one away before its successor is ready.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": template,
+        },
+    }
+
+
+def service_account(
+    ref: PoolRef, spec: RuntimePoolSpec, *, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The runtime pods' identity; they need no Kubernetes API access, so no token."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(ref, spec, spec.runtime_prefix, extra_labels),
+        "automountServiceAccountToken": False,
+    }
+
+
+def service(
+    ref: PoolRef, spec: RuntimePoolSpec, *, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Headless Service: one DNS record per ready pod, for the ``http`` provider."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(ref, spec, spec.runtime_prefix, extra_labels),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(spec),
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "publishNotReadyAddresses": False,
+        },
+    }
+
+
+def config_map(
+    ref: PoolRef, spec: RuntimePoolSpec, *, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Settings that change without a rollout (the runtime reads them live from Redis)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ref, spec, live_settings_name(spec), extra_labels),
+        "data": {LIVE_SETTINGS_KEY: str(spec.max_concurrent_step_tasks)},
+    }
+
+
+def children(
+    ref: PoolRef,
+    spec: RuntimePoolSpec,
+    *,
+    image: str,
+    extra_labels: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Every object of the pool, in apply order (the Deployment last)."""
+    return [
+        service_account(ref, spec, extra_labels=extra_labels),
+        config_map(ref, spec, extra_labels=extra_labels),
+        service(ref, spec, extra_labels=extra_labels),
+        deployment(ref, spec, image=image, extra_labels=extra_labels),
+    ]

@@ -1,0 +1,120 @@
+"""The pure builders of a pool's objects (no cluster needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airuntime_operator import deployments
+from airuntime_operator.deployments import PoolRef
+
+from airuntime.crds import OPERATOR_MANAGED_ENV, RuntimePoolSpec
+from tests.operator.k8s import pool_spec
+
+REF = PoolRef(name="pool", namespace="tenants", uid="0000-1111")
+
+
+def _spec(**overrides: Any) -> RuntimePoolSpec:
+    return RuntimePoolSpec.model_validate(pool_spec("acme", "acme-rt", **overrides))
+
+
+def _env(spec: RuntimePoolSpec) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in deployments.runtime_env(spec)}
+
+
+def test_env_carries_every_pool_setting() -> None:
+    spec = _spec(env=[{"name": "LOG_LEVEL", "value": "debug"}])
+
+    env = _env(spec)
+
+    assert list(env)[: len(OPERATOR_MANAGED_ENV)] == list(OPERATOR_MANAGED_ENV)
+    assert env["AIRUNTIME_REDIS_URL"] == {
+        "secretKeyRef": {"name": "redis-credentials", "key": "url"}
+    }
+    assert env["AIRUNTIME_INSTANCE_ID"] == {
+        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}
+    }
+    assert env["AIRUNTIME_TENANT_ID"] == "acme"
+    assert env["AIRUNTIME_ISOLATION_MODE"] == "Dedicated"
+    assert env["AIRUNTIME_ALLOW_SHARED_FALLBACK"] == "false"  # Dedicated default
+    assert env["AIRUNTIME_RUNTIME_PREFIX"] == "acme-rt"
+    assert env["AIRUNTIME_WORKERS"] == "8"
+    assert env["AIRUNTIME_MAX_CONCURRENT_RUNS"] == "4"
+    assert env["AIRUNTIME_QUEUE_CAPACITY"] == "50"
+    assert env["AIRUNTIME_MAX_LOCAL_WORKERS_PER_EXECUTION"] == "2"
+    assert env["AIRUNTIME_HTTP_PORT"] == "8080"
+    assert env["LOG_LEVEL"] == "debug"
+
+
+def test_pod_runs_airt_runtime_hardened_with_probes() -> None:
+    template = deployments.pod_template(REF, _spec(), image="img:1")
+
+    pod = template["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["airt", "runtime"]
+    assert container["image"] == "img:1"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        pytest.param(0, 1, id="below-min-clamped-up"),
+        pytest.param(2, 2, id="within-bounds"),
+        pytest.param(9, 3, id="above-max-clamped-down"),
+    ],
+)
+def test_deployment_replicas_are_clamped(replicas: int, expected: int) -> None:
+    spec = _spec(replicas=replicas, minInstances=1, maxInstances=3)
+
+    assert deployments.deployment(REF, spec, image="img")["spec"]["replicas"] == expected
+
+
+def test_live_setting_does_not_change_the_pod_template() -> None:
+    before = deployments.deployment(REF, _spec(maxConcurrentStepTasks=1), image="img")
+    after = deployments.deployment(REF, _spec(maxConcurrentStepTasks=50), image="img")
+
+    assert before["spec"]["template"] == after["spec"]["template"]
+    assert before["metadata"]["annotations"] == after["metadata"]["annotations"]
+    assert deployments.config_map(REF, _spec(maxConcurrentStepTasks=50))["data"] == {
+        "maxConcurrentStepTasks": "50"
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"workersPerInstance": 9}, id="workers"),
+        pytest.param({"env": [{"name": "X", "value": "1"}]}, id="extra-env"),
+        pytest.param({"resources": {"limits": {"memory": "2Gi"}}}, id="resources"),
+    ],
+)
+def test_other_settings_change_the_template_hash(change: dict[str, Any]) -> None:
+    before = deployments.deployment(REF, _spec(), image="img")
+    after = deployments.deployment(REF, _spec(**change), image="img")
+
+    key = deployments.TEMPLATE_HASH_ANNOTATION
+    assert before["metadata"]["annotations"][key] != after["metadata"]["annotations"][key]
+
+
+def test_every_object_is_labelled_and_owned_by_the_pool() -> None:
+    objects = deployments.children(REF, _spec(), image="img")
+
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "ConfigMap", "Service", "Deployment"]
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["airuntime.io/tenant"] == "acme"
+        assert labels["airuntime.io/prefix"] == "acme-rt"
+        assert labels["app.kubernetes.io/managed-by"] == "airuntime-operator"
+        assert obj["metadata"]["ownerReferences"] == [REF.owner_reference()]
+    service = objects[2]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == deployments.selector_labels(_spec())

@@ -1,0 +1,87 @@
+"""The operator package's edges: public surface, import direction, settings from env."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import airuntime_operator
+import pytest
+from airuntime_operator import OperatorSettings, SettingsError
+
+from tests.k8s_env import REPO_ROOT
+
+
+def test_public_surface_is_pinned() -> None:
+    assert sorted(airuntime_operator.__all__) == [
+        "FINALIZER", "OperatorSettings", "SettingsError", "build_registry", "run",
+    ]  # fmt: skip
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [
+        pytest.param("operator", ("runtime_pod",), id="operator-never-imports-runtime-pod"),
+        pytest.param("airuntime", ("airuntime_operator", "runtime_pod"), id="core-imports-neither"),
+    ],
+)
+def test_import_direction(folder: str, forbidden: tuple[str, ...]) -> None:
+    offenders = {
+        f"{path.relative_to(REPO_ROOT)} imports {name}"
+        for path in (REPO_ROOT / folder).rglob("*.py")
+        for name in _imported_modules(path)
+        if name.split(".")[0] in forbidden
+    }
+    assert not offenders
+
+
+def test_settings_from_env() -> None:
+    settings = OperatorSettings.from_env(
+        {
+            "AIRUNTIME_REDIS_URL": "redis://redis:6379/0",
+            "AIRUNTIME_OPERATOR_NAMESPACES": "tenants-a, tenants-b",
+            "AIRUNTIME_OPERATOR_RETENTION": "120",
+            "AIRUNTIME_OPERATOR_STANDALONE": "true",
+            "AIRUNTIME_OPERATOR_PRIORITY": "7",
+        }
+    )
+
+    assert settings.namespaces == ("tenants-a", "tenants-b")
+    assert not settings.clusterwide
+    assert settings.retention_seconds == 120.0
+    assert settings.standalone
+    assert settings.priority == 7
+    assert settings.peering_name == "airuntime"
+    assert settings.kubeconfig is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        pytest.param({}, "AIRUNTIME_REDIS_URL", id="missing-redis-url"),
+        pytest.param(
+            {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_OPERATOR_RETENTION": "soon"},
+            "AIRUNTIME_OPERATOR_RETENTION must be a number",
+            id="retention-not-a-number",
+        ),
+        pytest.param(
+            {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_OPERATOR_GC_INTERVAL": "0"},
+            "gc_interval_seconds must be positive",
+            id="gc-interval-zero",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_with_the_name(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        OperatorSettings.from_env(environ)

@@ -1,0 +1,213 @@
+"""RuntimePool: the operator turns a pool into a Deployment of ``airt runtime`` pods and
+tenant settings in Redis, keeps both current, reports status, and cleans up.
+
+Everything runs against a real API server (+ controller-manager) and a real Valkey;
+the operator is the real kopf operator running in this process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL
+from airuntime.registry import Registry
+from airuntime.tenancy import IsolationMode
+from tests.operator.k8s import Cluster, eventually, pool_spec, unique
+from tests.operator.runtimes import RuntimeLauncher, RuntimeSpec
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+def _selector(prefix: str) -> str:
+    return f"app.kubernetes.io/name=airuntime-runtime,airuntime.io/prefix={prefix}"
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+async def test_pool_becomes_deployment_with_service_account_and_service(
+    cluster: Cluster, namespace: str, registry: Registry
+) -> None:
+    tenant, prefix = unique("tenant"), unique("rt")
+    created = cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix, replicas=2))
+
+    pool = await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+
+    deployment = cluster.deployment(namespace, prefix)
+    assert deployment is not None
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    assert deployment["metadata"]["labels"]["airuntime.io/tenant"] == tenant
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "airuntime-operator"
+    container = _container(deployment)
+    assert container["command"] == ["airt", "runtime"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AIRUNTIME_TENANT_ID"]["value"] == tenant
+    assert env["AIRUNTIME_RUNTIME_PREFIX"]["value"] == prefix
+    assert env["AIRUNTIME_WORKERS"]["value"] == "8"
+    assert env["AIRUNTIME_HTTP_PORT"]["value"] == "8080"
+    assert env["AIRUNTIME_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "redis-credentials"
+    assert env["AIRUNTIME_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert cluster.read("ServiceAccount", namespace, prefix) is not None
+    service = cluster.read("Service", namespace, prefix)
+    assert service is not None and service["spec"]["clusterIP"] == "None"
+    assert cluster.read("ConfigMap", namespace, f"{prefix}-live-settings") is not None
+
+    status = pool["status"]
+    assert status["desiredReplicas"] == 2
+    assert status["selector"] == _selector(prefix)
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Reconciled": "True",
+        "TenantSettingsPublished": "True",
+    }
+    settings = await registry.tenant(tenant)
+    assert settings.runtime_prefix == prefix
+    assert settings.isolation_mode is IsolationMode.DEDICATED
+    assert settings.max_concurrent_step_tasks == 6
+    assert "Reconciled" in await eventually(
+        lambda: cluster.event_reasons(namespace, "pool"), what="a Reconciled event"
+    )
+
+
+async def test_spec_change_rolls_out_a_new_pod_template(cluster: Cluster, namespace: str) -> None:
+    prefix = unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(unique("tenant"), prefix))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="first reconcile")
+    before = cluster.deployment(namespace, prefix)
+    assert before is not None
+
+    cluster.patch_pool(namespace, "pool", {"spec": {"workersPerInstance": 12, "image": "img:2"}})
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="second reconcile")
+
+    after = cluster.deployment(namespace, prefix)
+    assert after is not None
+    assert after["spec"]["template"] != before["spec"]["template"]
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    assert _container(after)["image"] == "img:2"
+    env = {e["name"]: e.get("value") for e in _container(after)["env"]}
+    assert env["AIRUNTIME_WORKERS"] == "12"
+
+
+async def test_max_concurrent_step_tasks_changes_live_without_a_rollout(
+    cluster: Cluster, namespace: str, registry: Registry
+) -> None:
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix, maxConcurrentStepTasks=6))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="first reconcile")
+    before = cluster.deployment(namespace, prefix)
+    assert before is not None
+
+    cluster.patch_pool(namespace, "pool", {"spec": {"maxConcurrentStepTasks": 40}})
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="second reconcile")
+
+    after = cluster.deployment(namespace, prefix)
+    assert after is not None
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert (await registry.tenant(tenant)).max_concurrent_step_tasks == 40
+    live = cluster.read("ConfigMap", namespace, f"{prefix}-live-settings")
+    assert live is not None and live["data"] == {"maxConcurrentStepTasks": "40"}
+
+
+@pytest.mark.parametrize(
+    ("scale_to", "expected"),
+    [
+        pytest.param(3, 3, id="within-bounds"),
+        pytest.param(7, 3, id="clamped-to-max-instances"),
+    ],
+)
+async def test_scale_subresource_drives_the_deployment(
+    cluster: Cluster, namespace: str, scale_to: int, expected: int
+) -> None:
+    prefix = unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(unique("tenant"), prefix, maxInstances=3))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="first reconcile")
+
+    scale = cluster.custom.patch_namespaced_custom_object_scale(
+        API_GROUP, API_VERSION, namespace, RUNTIME_POOL.plural, "pool",
+        {"spec": {"replicas": scale_to}}, _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+    assert isinstance(scale, dict)
+    assert scale["spec"]["replicas"] == scale_to
+    assert scale["status"]["selector"] == _selector(prefix)
+    await eventually(
+        lambda: cluster.deployment_replicas(namespace, prefix) == expected,
+        what=f"Deployment scaled to {expected}",
+    )
+    pool = await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+    assert pool["status"]["desiredReplicas"] == expected
+
+
+async def test_status_counts_visible_registry_instances(
+    cluster: Cluster, namespace: str, runtimes: RuntimeLauncher
+) -> None:
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+
+    for n in range(2):
+        await runtimes.start(RuntimeSpec(f"{prefix}-{n}", tenant, prefix))
+    await runtimes.start(RuntimeSpec(f"{unique('other')}-0", tenant, unique("other")))
+
+    await eventually(
+        lambda: cluster.pool_status(namespace, "pool").get("visibleInstances") == 2,
+        what="visibleInstances == 2",
+    )
+    await runtimes.stop(f"{prefix}-0")
+    await eventually(
+        lambda: cluster.pool_status(namespace, "pool").get("visibleInstances") == 1,
+        what="visibleInstances == 1",
+    )
+
+
+async def test_ready_replicas_follow_the_deployment(cluster: Cluster, namespace: str) -> None:
+    prefix = unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(unique("tenant"), prefix))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+    selector = _selector(prefix)
+    # No kubelet runs here: play its part and report the ReplicaSet's pod as ready.
+    (pod,) = await eventually(lambda: cluster.pods(namespace, selector), what="the pool's pod")
+    cluster.core.patch_namespaced_pod_status(
+        pod["metadata"]["name"], namespace,
+        {"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "ContainersReady", "status": "True"},
+        ]}},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+    await eventually(
+        lambda: cluster.pool_status(namespace, "pool").get("readyReplicas") == 1,
+        what="readyReplicas == 1",
+    )
+
+
+async def test_delete_removes_objects_tenant_settings_and_registry_entries(
+    cluster: Cluster, namespace: str, registry: Registry, runtimes: RuntimeLauncher
+) -> None:
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+    await runtimes.start(RuntimeSpec(f"{prefix}-a", tenant, prefix))
+    assert tenant in await registry.tenant_ids()
+
+    cluster.delete_pool(namespace, "pool")
+
+    await eventually(lambda: cluster.pool(namespace, "pool") is None, what="pool deleted")
+    for kind, name in (
+        ("Deployment", prefix),
+        ("Service", prefix),
+        ("ServiceAccount", prefix),
+        ("ConfigMap", f"{prefix}-live-settings"),
+    ):
+        assert cluster.read(kind, namespace, name) is None, f"{kind} {name} still exists"
+    assert tenant not in await registry.tenant_ids()
+    assert await registry.list_by_prefix(prefix) == []
