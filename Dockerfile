@@ -1,0 +1,78 @@
+# syntax=docker/dockerfile:1
+#
+# airuntime image: one image for every process; the command picks which one.
+#
+#   docker build -t airuntime:0.1.0 .
+#   docker run --rm airuntime:0.1.0 control-plane     # airt control-plane
+#   docker run --rm airuntime:0.1.0 runtime           # airt runtime
+#   docker run --rm airuntime:0.1.0 operator          # airt operator
+#
+# Stage 1 (builder) builds wheels of the project and of all its dependencies
+# (with the `operator` extra: kopf and the kubernetes client, which the operator
+# and the control plane's `kubernetes` scale-out provider need). Stage 2 installs
+# those wheels, offline, into a slim Python image without compilers, and runs as
+# an unprivileged user (uid/gid 10001, the uid the Helm chart and the operator's
+# pod templates enforce with runAsNonRoot). No HEALTHCHECK: Kubernetes probes
+# /healthz and /readyz (see the chart). Needs BuildKit (RUN --mount).
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# A compiler only for dependencies that publish no wheel for this platform;
+# it stays in this stage.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY airuntime ./airuntime
+COPY runtime_pod ./runtime_pod
+COPY operator ./operator
+
+RUN pip wheel --wheel-dir /wheels ".[operator]"
+
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE}
+
+LABEL org.opencontainers.image.title="airuntime" \
+      org.opencontainers.image.description="Deterministic runtime for AI workflows: control plane, runtime instances and Kubernetes operator" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# AIRUNTIME_HOME and HOME live under /tmp: the chart mounts a writable emptyDir
+# there and keeps the root filesystem read-only. In a container the HTTP servers
+# listen on every interface (outside one, the default is 127.0.0.1).
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp \
+    AIRUNTIME_HOME=/tmp/airuntime \
+    AIRUNTIME_API_HOST=0.0.0.0 \
+    AIRUNTIME_HTTP_HOST=0.0.0.0
+
+RUN groupadd --system --gid 10001 airuntime \
+    && useradd --system --uid 10001 --gid 10001 \
+        --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin airuntime
+
+# The wheels are bind-mounted from the builder, so they never become a layer.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels "airuntime[operator]" \
+    && airt --help >/dev/null \
+    && python -c "import airuntime_operator, runtime_pod"
+
+WORKDIR /tmp
+USER 10001:10001
+
+# 8780: control-plane HTTP API; 8080: runtime pods' HTTP (and the operator's probe).
+EXPOSE 8780 8080
+
+ENTRYPOINT ["airt"]
+CMD ["--help"]

@@ -1,0 +1,162 @@
+{{/*
+Names, labels and the pieces every pod of the chart shares.
+*/}}
+
+{{- define "airuntime.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, or the release name when it already contains the chart
+name. Kept to 40 characters so that "<fullname>-control-plane-metrics" style names stay
+valid DNS labels.
+*/}}
+{{- define "airuntime.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "airuntime.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "airuntime.labels" -}}
+helm.sh/chart: {{ include "airuntime.chart" . }}
+app.kubernetes.io/name: {{ include "airuntime.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: airuntime
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "control-plane"). */}}
+{{- define "airuntime.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "airuntime.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Labels of one component's objects: common labels + component. */}}
+{{- define "airuntime.componentLabels" -}}
+{{ include "airuntime.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The airuntime image. */}}
+{{- define "airuntime.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "airuntime.controlPlane.fullname" -}}
+{{- printf "%s-control-plane" (include "airuntime.fullname" .) }}
+{{- end }}
+
+{{- define "airuntime.operator.fullname" -}}
+{{- printf "%s-operator" (include "airuntime.fullname" .) }}
+{{- end }}
+
+{{- define "airuntime.valkey.fullname" -}}
+{{- printf "%s-valkey" (include "airuntime.fullname" .) }}
+{{- end }}
+
+{{- define "airuntime.controlPlane.serviceAccountName" -}}
+{{- if .Values.controlPlane.serviceAccount.create }}
+{{- default (include "airuntime.controlPlane.fullname" .) .Values.controlPlane.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.controlPlane.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "airuntime.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "airuntime.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Secret and key holding the Redis URL. */}}
+{{- define "airuntime.redis.secretName" -}}
+{{- if .Values.redis.valkey.enabled }}
+{{- printf "%s-redis" (include "airuntime.fullname" .) }}
+{{- else }}
+{{- required "redis.external.secretName is required when redis.valkey.enabled is false" .Values.redis.external.secretName }}
+{{- end }}
+{{- end }}
+
+{{- define "airuntime.redis.secretKey" -}}
+{{- if .Values.redis.valkey.enabled }}url{{ else }}{{ required "redis.external.key is required" .Values.redis.external.key }}{{ end }}
+{{- end }}
+
+{{/* AIRUNTIME_REDIS_URL from the Secret: the only way the URL reaches a pod. */}}
+{{- define "airuntime.redisUrlEnv" -}}
+- name: AIRUNTIME_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "airuntime.redis.secretName" . }}
+      key: {{ include "airuntime.redis.secretKey" . }}
+{{- end }}
+
+{{/* Tokens file Secret name and key. */}}
+{{- define "airuntime.tokens.secretName" -}}
+{{- default (printf "%s-tokens" (include "airuntime.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{- define "airuntime.tokens.secretKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.existingSecretKey }}{{ else }}tokens.yaml{{ end }}
+{{- end }}
+
+{{/* Tenants file ConfigMap name ("" = no tenants file). */}}
+{{- define "airuntime.tenants.configMapName" -}}
+{{- if .Values.controlPlane.tenantsExistingConfigMap }}
+{{- .Values.controlPlane.tenantsExistingConfigMap }}
+{{- else if .Values.controlPlane.tenants }}
+{{- printf "%s-tenants" (include "airuntime.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level security context. */}}
+{{- define "airuntime.podSecurityContext" -}}
+{{ toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{/* Container-level security context. */}}
+{{- define "airuntime.containerSecurityContext" -}}
+{{ toYaml .Values.containerSecurityContext }}
+{{- end }}
+
+{{/* The writable /tmp every container gets (the root filesystem is read-only). */}}
+{{- define "airuntime.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- end }}
+
+{{- define "airuntime.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+
+{{- define "airuntime.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces served by the operator when it is namespaced ([] = cluster-wide). */}}
+{{- define "airuntime.operator.clusterwide" -}}
+{{- if not .Values.operator.watchNamespaces }}true{{ end }}
+{{- end }}
