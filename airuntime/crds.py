@@ -95,6 +95,8 @@ OPERATOR_MANAGED_ENV: Final[tuple[str, ...]] = (
     "AIRUNTIME_MAX_LOCAL_WORKERS_PER_EXECUTION",
     "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS",
     "AIRUNTIME_HTTP_PORT",
+    "AIRUNTIME_HTTP_HOST",
+    "AIRUNTIME_ADVERTISE_HOST",
 )
 """Environment variables the operator sets on runtime pods; a pool's ``env`` may not set them."""
 

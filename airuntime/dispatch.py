@@ -254,9 +254,13 @@ class SharedQueuePump:
                 result.dispatched += 1
                 continue
             result.failed += 1
-            if r.decision is Decision.QUEUE and r.tenant_id:
-                no_capacity.add(r.tenant_id)  # skip this tenant for the rest of the cycle
-            elif stop_on_failure:
+            if r.tenant_id and r.decision not in (Decision.SCALE_OUT, Decision.REJECT):
+                # The item went back to Pending at the head of the queue (no capacity,
+                # failed admission or failed delivery): skip this tenant for the rest of
+                # the cycle, so the same item is not re-claimed until max_count and the
+                # other tenants' items behind it are not starved.
+                no_capacity.add(r.tenant_id)
+            if stop_on_failure and r.decision is not Decision.QUEUE:
                 result.stopped = "failure"
                 break
         else:

@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from airuntime_operator import OperatorSettings, build_registry
 from kubernetes import client, config
 
 from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL
 from airuntime.embedded import EmbeddedServer
+from airuntime_operator import OperatorSettings, build_registry
 from tests.k8s_env import KubeTestEnv
 from tests.operator.conftest import install_crds
 

@@ -77,6 +77,10 @@ def runtime(
     http_port: Annotated[
         int, typer.Option(envvar="AIRUNTIME_HTTP_PORT", help="0 = any free port")
     ] = 0,
+    advertise_host: Annotated[
+        str | None,
+        typer.Option(envvar="AIRUNTIME_ADVERTISE_HOST", help="Address published in the registry."),
+    ] = None,
     heartbeat_s: Annotated[float, typer.Option(envvar="AIRUNTIME_HEARTBEAT_S")] = 2.0,
     lease_ms: Annotated[int, typer.Option(envvar="AIRUNTIME_LEASE_MS")] = 15_000,
     settings_file: Annotated[Path | None, typer.Option(envvar="AIRUNTIME_SETTINGS_FILE")] = None,
@@ -119,7 +123,7 @@ def runtime(
         store.load()
     except SettingsError as exc:
         raise _invalid(str(exc)) from None
-    asyncio.run(_serve(redis_url, config, instances, http_host, http_port, store))
+    asyncio.run(_serve(redis_url, config, instances, http_host, http_port, store, advertise_host))
 
 
 async def _serve(
@@ -129,6 +133,7 @@ async def _serve(
     http_host: str,
     http_port: int,
     store: SettingsStore,
+    advertise_host: str | None = None,
 ) -> None:
     redis = connect(url, client_name="airt-runtime")
     host = RuntimeHost(
@@ -138,6 +143,7 @@ async def _serve(
         http_host=http_host,
         http_port=http_port,
         settings_store=store,
+        advertise_host=advertise_host or None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -162,7 +168,9 @@ async def _serve(
         await redis.aclose()
 
 
-@settings_app.command("set")
+# ignore_unknown_options: a negative VALUE ("-1") is an argument to validate and
+# refuse with the setting's rule, not an unknown option.
+@settings_app.command("set", context_settings={"ignore_unknown_options": True})
 def settings_set(
     key: Annotated[str, typer.Argument(help="Setting name, e.g. max_concurrent_step_tasks.")],
     value: Annotated[str, typer.Argument(help="New value.")],

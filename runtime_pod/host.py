@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class SettingValue(BaseModel):
-    value: int | str
+    # Any JSON value: the settings store validates it strictly and answers 400 naming
+    # the key and value (``int | str`` here turned ``true`` into 1 and 4.5 into a 422).
+    value: Any
 
 
 async def allocate_instance_ids(redis: Redis, prefix: str, count: int) -> list[str]:
@@ -59,6 +61,7 @@ class RuntimeHost:
         instance_ids: list[str] | None = None,
         http_host: str = "127.0.0.1",
         http_port: int | None = None,
+        advertise_host: str | None = None,
         settings_store: SettingsStore | None = None,
         handlers: HandlerRegistry | None = None,
     ) -> None:
@@ -70,6 +73,7 @@ class RuntimeHost:
         self.instance_ids = instance_ids
         self.http_host = http_host
         self.http_port = http_port
+        self.advertise_host = advertise_host
         self.settings_store = settings_store
         self.handlers = handlers
         self.metrics = RuntimeMetrics()
@@ -231,4 +235,5 @@ class RuntimeHost:
             await asyncio.sleep(0.01)
         sock = self._server.servers[0].sockets[0]
         host, port = sock.getsockname()[:2]
-        self.endpoint = f"http://{host}:{port}"
+        # Advertise an address others can reach (the pod IP on Kubernetes), not 0.0.0.0.
+        self.endpoint = f"http://{self.advertise_host or host}:{port}"

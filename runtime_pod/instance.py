@@ -24,7 +24,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,22 @@ from runtime_pod.config import InstanceConfig
 from runtime_pod.step_slots import StepSlotController
 
 log = logging.getLogger(__name__)
+
+
+async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and return once every one has ended.
+
+    Cancels again while any is left: redis-py can swallow a cancellation that lands
+    inside a command (the task then carries on, e.g. back to waiting for a kick), so
+    a single ``cancel()`` + ``gather`` may wait forever.
+    """
+    tasks = list(tasks)
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+    await asyncio.gather(*tasks, return_exceptions=True)  # retrieve their outcomes
 
 
 class RunRefused(AirError):
@@ -246,18 +262,18 @@ class RuntimeInstance:
         """Stop taking runs, let running work drain, unregister (no rediscovery needed)."""
         self._stopping = True
         self.status = InstanceStatus.DRAINING
-        self.slots.shutdown()
         with contextlib.suppress(Exception):
             await self.registry.publish(await self.descriptor(), self.config.heartbeat_ttl_ms)
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await _cancel_and_wait(self._tasks)
         running = [p.task for p in self.participations.values()]
         if running:
             _, pending = await asyncio.wait(running, timeout=drain_timeout_s)
-            for t in pending:
-                t.cancel()  # claims expire; another instance adopts the executions
-            await asyncio.gather(*pending, return_exceptions=True)
+            # claims expire; another instance adopts the executions
+            await _cancel_and_wait(pending)
+        # Only now: a step refused by a shut-down slot controller counts as a failed
+        # attempt, so closing admission while participations still claim steps would
+        # fail the runs being drained.
+        self.slots.shutdown()
         with contextlib.suppress(Exception):
             await self.registry.unregister(self.instance_id)
 
@@ -487,15 +503,15 @@ class RuntimeInstance:
                     }
                     answer: dict[str, Any]
                     try:
-                        run_id = await self.accept(
-                            RunRequest.model_validate_json(f.get("request", ""))
-                        )
-                        answer = {"run_id": run_id}
-                    except ValidationError as exc:
-                        answer = {
-                            "error": f"invalid run request: {exc.errors()[0]['msg']}",
-                            "reason": "invalid",
-                        }
+                        body = json.loads(f.get("request", ""))
+                    except ValueError:
+                        body = None
+                    try:
+                        if not isinstance(body, dict):
+                            raise RunRefused("run request: not a JSON object", reason="invalid")
+                        # accept() validates the dict and names the offending field
+                        # (e.g. "run request snapshot: Field required").
+                        answer = {"run_id": await self.accept(body)}
                     except RunRefused as exc:
                         answer = {"error": str(exc), "reason": exc.reason}
                     if f.get("reply_to"):

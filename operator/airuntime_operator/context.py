@@ -13,11 +13,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from airuntime_operator.kube import KubeApi, load_configuration
-from airuntime_operator.settings import OperatorSettings
 from redis.asyncio import Redis
 
 from airuntime.registry import InstanceDescriptor, Registry
+from airuntime_operator.kube import KubeApi, load_configuration
+from airuntime_operator.settings import OperatorSettings
 
 __all__ = ["OperatorContext", "RegistryView"]
 

@@ -172,6 +172,12 @@ def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
             },
         },
         {"name": "AIRUNTIME_HTTP_PORT", "value": str(HTTP_PORT)},
+        {"name": "AIRUNTIME_HTTP_HOST", "value": "0.0.0.0"},
+        {
+            # Listen on every interface, advertise the pod IP in the registry.
+            "name": "AIRUNTIME_ADVERTISE_HOST",
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+        },
     ]
     assert tuple(e["name"] for e in env) == OPERATOR_MANAGED_ENV
     return env + [e.to_wire() for e in spec.env]

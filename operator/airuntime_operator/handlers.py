@@ -27,12 +27,12 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 import kopf
+
+from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL, SCALE_OUT_REQUEST, ScaleOutPhase
 from airuntime_operator import deployments, pools, scaleout
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kube import ApiError, Kind
 from airuntime_operator.settings import OperatorSettings
-
-from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL, SCALE_OUT_REQUEST, ScaleOutPhase
 
 __all__ = ["FINALIZER", "build_registry", "configure_kopf"]
 

@@ -21,6 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import kopf
+from pydantic import ValidationError
+
+from airuntime.crds import RUNTIME_POOL, RuntimePoolSpec
+from airuntime.registry import InstanceDescriptor, InstanceStatus
 from airuntime_operator import deployments
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kube import (
@@ -33,10 +37,6 @@ from airuntime_operator.kube import (
     Kind,
 )
 from airuntime_operator.status import with_condition
-from pydantic import ValidationError
-
-from airuntime.crds import RUNTIME_POOL, RuntimePoolSpec
-from airuntime.registry import InstanceDescriptor, InstanceStatus
 
 __all__ = [
     "DELETION_COST_ANNOTATION",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import kopf
+
 from airuntime_operator.handlers import build_registry
 from airuntime_operator.settings import OperatorSettings
 

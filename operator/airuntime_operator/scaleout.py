@@ -25,14 +25,14 @@ from datetime import timedelta
 from typing import Any, Final
 
 import kopf
-from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import ApiError, Kind
-from airuntime_operator.pools import POOL_KIND, api_failure, parse_spec
-from airuntime_operator.status import format_time, now, parse_time
 from pydantic import ValidationError
 
 from airuntime.crds import SCALE_OUT_REQUEST, ScaleOutPhase
 from airuntime.registry import InstanceStatus
+from airuntime_operator.context import OperatorContext
+from airuntime_operator.kube import ApiError, Kind
+from airuntime_operator.pools import POOL_KIND, api_failure, parse_spec
+from airuntime_operator.status import format_time, now, parse_time
 
 __all__ = [
     "APPLIED_ANNOTATION",

@@ -619,9 +619,8 @@ def test_existing_tokens_secret_is_mounted_not_rendered(render: Callable[..., li
 def test_service_monitor_scrapes_the_control_plane_and_runtime_pods(
     render: Callable[..., list[Doc]],
 ) -> None:
-    from airuntime_operator import deployments
-
     from airuntime.crds import RuntimePoolSpec
+    from airuntime_operator import deployments
 
     docs = render(EVERYTHING)
     monitor = one(docs, "ServiceMonitor", "rel-airuntime")
@@ -926,6 +925,7 @@ def test_dockerfile_copies_every_package_and_dockerignore_lets_it_through() -> N
         if word == "COPY" and "--from" not in args
         for source in args.split()[:-1]
     }
+
     def covered(path: str, sources: set[str]) -> bool:
         return any(path == src or path.startswith(src + "/") for src in sources)
 

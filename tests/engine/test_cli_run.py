@@ -84,7 +84,8 @@ def test_a_failed_execution_exits_1(tmp_path: Path, valkey_url: str) -> None:
             id="unknown handler",
         ),
         pytest.param(
-            "id: x\nsteps:\n  - {id: a, uses: noop, depends_on: [b]}\n  - {id: b, uses: noop, depends_on: [a]}\n",
+            "id: x\nsteps:\n  - {id: a, uses: noop, depends_on: [b]}\n"
+            "  - {id: b, uses: noop, depends_on: [a]}\n",
             "dependency cycle",
             id="cycle",
         ),

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import yaml
-from airuntime_operator import OperatorSettings, build_registry
 from kopf.testing import KopfRunner
 from kubernetes import client, config
 from redis.asyncio import Redis
 
 from airuntime.registry import Registry
+from airuntime_operator import OperatorSettings, build_registry
 from tests.k8s_env import REPO_ROOT, KubeBinariesUnavailable, KubeTestEnv
 from tests.operator.k8s import Cluster, wait_until
 from tests.operator.runtimes import PublishedRuntimes, RuntimeLauncher

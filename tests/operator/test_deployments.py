@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from airuntime_operator import deployments
-from airuntime_operator.deployments import PoolRef
 
 from airuntime.crds import OPERATOR_MANAGED_ENV, RuntimePoolSpec
+from airuntime_operator import deployments
+from airuntime_operator.deployments import PoolRef
 from tests.operator.k8s import pool_spec
 
 REF = PoolRef(name="pool", namespace="tenants", uid="0000-1111")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import airuntime_operator
 import pytest
-from airuntime_operator import OperatorSettings, SettingsError
 
+import airuntime_operator
+from airuntime_operator import OperatorSettings, SettingsError
 from tests.k8s_env import REPO_ROOT
 
 

@@ -4,8 +4,8 @@ exactly those (``pod-deletion-cost``), never a busy one, never below ``minInstan
 from __future__ import annotations
 
 import pytest
-from airuntime_operator.pools import DELETION_COST_ANNOTATION
 
+from airuntime_operator.pools import DELETION_COST_ANNOTATION
 from tests.operator.k8s import Cluster, eventually, pool_spec, unique
 from tests.operator.runtimes import RuntimeLauncher, RuntimeSpec
 
