@@ -86,6 +86,18 @@ def control_plane(
         background_pump=background_pump,
         scale_out_enabled=scale_out,
     )
+    provider = None
+    if scale_out and scale_out_provider == "kubernetes":
+        # ScaleOutRequest resources in `namespace`, fulfilled by the operator.
+        try:
+            from airuntime.k8s_scale_out import KubernetesScaleOutProvider
+
+            provider = KubernetesScaleOutProvider(namespace)
+        except ImportError as exc:
+            raise _invalid(
+                f"--scale-out-provider kubernetes needs the kubernetes client "
+                f"(pip install 'airuntime[operator]'): {exc}"
+            ) from None
     asyncio.run(
         serve_control_plane(
             redis_url,
@@ -95,6 +107,7 @@ def control_plane(
             tenants=tenants,
             auth=auth,
             local_scaler=scale_out_provider == "local",
+            scale_out_provider=provider,
         )
     )
 

@@ -39,6 +39,7 @@ from airuntime.dispatch import (
     PumpResult,
     SharedQueuePump,
     SharedRunDispatcher,
+    cancel_local_run,
 )
 from airuntime.errors import AirError
 from airuntime.execution_store import ExecutionStore
@@ -257,22 +258,18 @@ class ControlPlane:
         )
         if run is None:
             return None
+        tenant = run.snapshot.tenant_id
         if run.status is SharedRunStatus.DISPATCHED and run.run_id:
-            record = await self.run_index.get_for_tenant(run.run_id, run.snapshot.tenant_id)
-            if record is not None and record.execution_id:
-                with contextlib.suppress(AirError):
-                    await self.executions.cancel(
-                        record.execution_id, actor=f"tenant {run.snapshot.tenant_id}"
-                    )
-            elif record is not None:
-                await self.run_index.remove_queued(record.instance_id, record.run_id)
-                from airuntime.runs import RunStatus
-
-                await self.run_index.mark_finished(
-                    record.run_id, RunStatus.CANCELLED, "cancelled before start"
-                )
+            await cancel_local_run(self.run_index, self.executions, run.run_id, tenant)
             return await self.runs.update(shared_run_id, reason="cancel requested")
-        await self.queue.cancel(shared_run_id)
+        if await self.queue.cancel(shared_run_id) == 0:
+            # A pump settled the item Dispatched after the run was read above: the
+            # runtime accepted it, so cancel the runtime run (the shared run stays as the
+            # pump records it, Dispatched).
+            run_id = run.run_id or await self.run_index.run_for_shared(shared_run_id)
+            if run_id is not None:
+                await cancel_local_run(self.run_index, self.executions, run_id, tenant)
+            return await self.runs.update(shared_run_id, reason="cancel requested")
         return await self.runs.update(
             shared_run_id, status=SharedRunStatus.CANCELLED, reason="cancelled"
         )

@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 
 from airuntime.admission import Admission, AdmissionResult, Decision
 from airuntime.context import use_context
+from airuntime.errors import AirError
+from airuntime.execution_store import ExecutionStore
 from airuntime.providers import DeliveryError, RuntimeProvider
 from airuntime.registry import InstanceDescriptor, InstanceStatus, Registry
-from airuntime.runs import RunRequest
+from airuntime.run_index import RunIndex
+from airuntime.runs import RunRequest, RunStatus
 from airuntime.scale_out import ScaleOutStore
 from airuntime.shared_runs import (
     ClaimedItem,
@@ -62,6 +65,22 @@ class DispatchResult:
 DispatchObserver = Callable[[DispatchResult], None]
 
 
+async def cancel_local_run(
+    index: RunIndex, executions: ExecutionStore, run_id: str, tenant_id: str
+) -> None:
+    """Cancel a run a runtime instance accepted: take it out of its local queue before
+    it starts, or cancel its execution. Finished runs are left as they are."""
+    record = await index.get_for_tenant(run_id, tenant_id)
+    if record is None or record.status.terminal:
+        return
+    if record.execution_id:
+        with contextlib.suppress(AirError):
+            await executions.cancel(record.execution_id, actor=f"tenant {tenant_id}")
+        return
+    await index.remove_queued(record.instance_id, record.run_id)
+    await index.mark_finished(record.run_id, RunStatus.CANCELLED, "cancelled before start")
+
+
 class SharedRunDispatcher:
     def __init__(
         self,
@@ -80,6 +99,8 @@ class SharedRunDispatcher:
         self.scale_outs = scale_outs
         self.identity = identity
         self.observer = observer
+        self.run_index = RunIndex(runs.redis)
+        self.executions = ExecutionStore(runs.redis)
 
     async def dispatch_next(
         self, *, skip_tenants: frozenset[str] = frozenset(), target: str | None = None
@@ -123,14 +144,28 @@ class SharedRunDispatcher:
         if admitted.decision is Decision.ASSIGN:
             return await self._deliver(item, run, admitted)
         if admitted.decision is Decision.SCALE_OUT and self.scale_outs is not None:
+            in_flight = await self.scale_outs.outstanding(admitted.tenant.runtime_prefix)
+            if in_flight is not None:
+                # Capacity for this prefix is already being created: wait in the queue
+                # for it instead of filing one request per queued run.
+                await self.queue.settle(item, "Pending", f"waiting for {in_flight.request_id}")
+                return DispatchResult(
+                    False,
+                    shared_run_id=run.shared_run_id,
+                    decision=Decision.QUEUE,
+                    tenant_id=tenant_id,
+                    reason=f"scale-out {in_flight.request_id} in flight",
+                )
             req = await self.scale_outs.create(admitted.tenant, run.shared_run_id)
-            await self.runs.update(
-                run.shared_run_id,
-                status=SharedRunStatus.SCALE_OUT_REQUESTED,
-                scale_out_request_id=req.request_id,
-                reason=admitted.reason,
-            )
-            await self.queue.settle(item, "ScaleOutRequested", req.request_id)
+            # Settle first: a run cancelled while claimed (settle refused) stays Cancelled
+            # and is not requeued after the scale-out.
+            if await self.queue.settle(item, "ScaleOutRequested", req.request_id):
+                await self.runs.update(
+                    run.shared_run_id,
+                    status=SharedRunStatus.SCALE_OUT_REQUESTED,
+                    scale_out_request_id=req.request_id,
+                    reason=admitted.reason,
+                )
             return DispatchResult(
                 False,
                 shared_run_id=run.shared_run_id,
@@ -139,10 +174,10 @@ class SharedRunDispatcher:
                 reason=admitted.reason,
             )
         if admitted.decision is Decision.REJECT:
-            await self.runs.update(
-                run.shared_run_id, status=SharedRunStatus.REJECTED, reason=admitted.reason
-            )
-            await self.queue.settle(item, "Rejected", admitted.reason)
+            if await self.queue.settle(item, "Rejected", admitted.reason):
+                await self.runs.update(
+                    run.shared_run_id, status=SharedRunStatus.REJECTED, reason=admitted.reason
+                )
             return DispatchResult(
                 False,
                 shared_run_id=run.shared_run_id,
@@ -193,6 +228,27 @@ class SharedRunDispatcher:
             raise
         # The runtime accepted: only now the queue item and the shared run are Dispatched.
         settled = await self.queue.settle(item, "Dispatched", instance.instance_id)
+        if not settled and (await self.queue.item(run.shared_run_id)).get("status") == (
+            "Cancelled"
+        ):
+            # Cancelled while this pump held the claim, after the runtime accepted: cancel
+            # that local run and leave the shared run Cancelled (not Dispatched).
+            await cancel_local_run(self.run_index, self.executions, run_id, run.snapshot.tenant_id)
+            await self.admission.release(admitted.reservation)
+            await self.runs.update(
+                run.shared_run_id,
+                status=SharedRunStatus.CANCELLED,
+                assigned_instance_id=instance.instance_id,
+                run_id=run_id,
+                reason="cancelled while being dispatched",
+            )
+            return DispatchResult(
+                False,
+                shared_run_id=run.shared_run_id,
+                instance_id=instance.instance_id,
+                run_id=run_id,
+                reason="cancelled while being dispatched",
+            )
         now = int(time.time() * 1000)
         await self.runs.update(
             run.shared_run_id,

@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -88,6 +89,16 @@ class ScaleOutStore:
         pipe.zadd(keys.scale_out_requests(), {req.request_id: req.requested_at_ms})
         await pipe.execute()
         return req
+
+    async def outstanding(self, runtime_prefix: str) -> ScaleOutRequest | None:
+        """A Pending or Observed request for ``runtime_prefix``, if one is in flight."""
+        for req in await self.list(limit=200):
+            if req.runtime_prefix == runtime_prefix and req.phase in (
+                ScaleOutPhase.PENDING,
+                ScaleOutPhase.OBSERVED,
+            ):
+                return req
+        return None
 
     async def get(self, request_id: str) -> ScaleOutRequest | None:
         raw = await self.redis.get(keys.scale_out_request(request_id))
@@ -231,13 +242,16 @@ class LocalScaler:
         ]
         env = {**os.environ, "AIRUNTIME_REDIS_URL": self.redis_url, "COLUMNS": "100000"}
         env.pop("AIRUNTIME_INSTANCE_ID", None)
-        proc = await asyncio.create_subprocess_exec(
-            *args,
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        log_dir = Path(os.environ.get("AIRUNTIME_HOME") or Path.home() / ".airuntime") / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / f"{instance_id}.log").open("ab") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                *args,
+                env=env,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.processes[instance_id] = proc
         log.info("local scaler started %s (pid %s)", instance_id, proc.pid)
 

@@ -190,6 +190,11 @@ class RuntimeHost:
                 return JSONResponse(
                     {"error": "body is not JSON", "reason": "invalid"}, status_code=400
                 )
+            if not isinstance(body, dict):
+                return JSONResponse(
+                    {"error": "run request must be a JSON object", "reason": "invalid"},
+                    status_code=400,
+                )
             try:
                 run_id = await inst.accept(body)
             except RunRefused as exc:

@@ -137,6 +137,7 @@ class RuntimeInstance:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._last_tenant_slot_limit: int | None = None
+        self._tenant_settings_seen = False
         self.registered = asyncio.Event()
         self._changed = asyncio.Event()
         self.last_capacity: CapacityDescriptor | None = None
@@ -239,6 +240,7 @@ class RuntimeInstance:
             record.instance_id, run_id
         ):
             await self.index.mark_finished(run_id, RunStatus.CANCELLED, "cancelled while queued")
+            self._run_state(run_id, RunStatus.CANCELLED)
         elif record.execution_id and not record.status.terminal:
             with contextlib.suppress(AirError):
                 await self.store.cancel(record.execution_id, actor=f"tenant {tenant_id}")
@@ -295,6 +297,10 @@ class RuntimeInstance:
                 loaded = await self.index.get_unchecked(run_id)
                 if loaded is None or loaded[0].status is not RunStatus.QUEUED:
                     continue
+                if self._effective_workers() == 0:
+                    # An assist took the last worker while we awaited Redis: wait for one.
+                    await self.index.push_front(self.instance_id, run_id)
+                    break
                 self._launch(loaded[0], loaded[1], assisting=False)
 
     def _effective_workers(self) -> int:
@@ -302,8 +308,12 @@ class RuntimeInstance:
             self.config.workers, self.config.max_local_workers_per_execution, self.available_workers
         )
 
-    def _launch(self, record: RunRecord, request: RunRequest, *, assisting: bool) -> None:
+    def _launch(self, record: RunRecord, request: RunRequest, *, assisting: bool) -> bool:
+        """Start (or join) the run's execution with this instance's effective workers;
+        False when no worker is free (callers retry later, nothing is started)."""
         workers = self._effective_workers()
+        if workers == 0:
+            return False
         self.active_workers += workers
         task = asyncio.create_task(
             self._execute(record, request, workers, assisting), name=f"run:{record.run_id}"
@@ -321,6 +331,7 @@ class RuntimeInstance:
             self._changed.set()
 
         task.add_done_callback(done)
+        return True
 
     async def _execute(
         self, record: RunRecord, request: RunRequest, workers: int, assisting: bool
@@ -330,7 +341,11 @@ class RuntimeInstance:
             try:
                 plan = compile_pipeline(parse_pipeline(request.pipeline), self.handlers)
             except PipelineError as exc:
-                await self.index.mark_finished(run_id, RunStatus.FAILED, str(exc))
+                # A helper that cannot run this pipeline (e.g. lacks a handler) just does
+                # not assist; the run is the owner's to fail, not the helper's.
+                if not assisting:
+                    await self.index.mark_finished(run_id, RunStatus.FAILED, str(exc))
+                    self._run_state(run_id, RunStatus.FAILED)
                 return
             eid = record.execution_id or f"ex-{uuid.uuid4().hex}"
             if not assisting:
@@ -343,6 +358,9 @@ class RuntimeInstance:
                     "type": "run_started",
                     "run_id": run_id,
                     "runtime.instance.id": self.instance_id,
+                    "assigned.runtime.instance.id": request.metadata.get(
+                        "assigned.runtime.instance.id", self.instance_id
+                    ),
                     "max.local.workers.per.execution": str(
                         self.config.max_local_workers_per_execution
                     ),
@@ -360,6 +378,7 @@ class RuntimeInstance:
             except AirError as exc:
                 if not assisting:
                     await self.index.mark_finished(run_id, RunStatus.FAILED, str(exc))
+                    self._run_state(run_id, RunStatus.FAILED)
                 return
             if not assisting:
                 status = _TERMINAL_TO_RUN.get(final, RunStatus.FAILED)
@@ -368,6 +387,10 @@ class RuntimeInstance:
                 )
                 if self.hooks.on_run_state:
                     self.hooks.on_run_state(run_id, status.value)
+
+    def _run_state(self, run_id: str, status: RunStatus) -> None:
+        if self.hooks.on_run_state:
+            self.hooks.on_run_state(run_id, status.value)
 
     # -- heartbeat, live settings, adoption, assistance ------------------------------------
 
@@ -405,11 +428,18 @@ class RuntimeInstance:
         if not self.config.tenant_id:
             return
         raw = await self.redis.get(keys.tenant_settings(self.config.tenant_id))
-        if raw is None:
-            return
-        limit = TenantSettings.model_validate_json(raw).max_concurrent_step_tasks
-        if limit != self._last_tenant_slot_limit:
-            self._last_tenant_slot_limit = limit
+        limit = (
+            None
+            if raw is None
+            else TenantSettings.model_validate_json(raw).max_concurrent_step_tasks
+        )
+        first = not self._tenant_settings_seen
+        self._tenant_settings_seen = True
+        previous, self._last_tenant_slot_limit = self._last_tenant_slot_limit, limit
+        # Settings present at startup are the baseline (the pod started with the same
+        # value from its environment); only later changes are applied, so a limit set
+        # locally through the settings API is not overwritten by an unchanged value.
+        if limit is not None and not first and limit != previous:
             self.slots.set_limit(limit)
 
     def _may_serve(self, tenant: TenantSettings) -> bool:
@@ -432,7 +462,15 @@ class RuntimeInstance:
                 if loaded is None:
                     continue
                 record, request = loaded
-                if record.instance_id in live or record.status is not state:
+                if record.status is not state:
+                    continue
+                if record.instance_id == self.instance_id:
+                    # Ours but not executing here (adopted when no worker was free, or
+                    # this id restarted): resume it once a worker is free.
+                    if state is RunStatus.RUNNING and run_id not in self.participations:
+                        self._launch(record, request, assisting=False)
+                    continue
+                if record.instance_id in live:
                     continue
                 tenant = await self.registry.tenant(record.tenant_id)
                 if not self._may_serve(tenant):
@@ -479,7 +517,8 @@ class RuntimeInstance:
             lease = f"{keys.PREFIX}:assist:{record.execution_id}:{self.instance_id}"
             if not await self.redis.set(lease, "1", nx=True, px=self.config.heartbeat_ttl_ms * 10):
                 continue
-            self._launch(record, request, assisting=True)
+            if not self._launch(record, request, assisting=True):
+                await self.redis.delete(lease)
 
     # -- redis provider: the instance's stream inbox ----------------------------------------
 
@@ -490,9 +529,18 @@ class RuntimeInstance:
             await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
         consumer = f"{self.instance_id}@{socket.gethostname()}"
         while True:
-            reply: Any = await self.redis.xreadgroup(
-                group, consumer, {stream: ">"}, count=32, block=1000
-            )
+            try:
+                reply: Any = await self.redis.xreadgroup(
+                    group, consumer, {stream: ">"}, count=32, block=1000
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a Redis hiccup must not end intake for good
+                log.exception("reading the inbox of %s failed; retrying", self.instance_id)
+                await asyncio.sleep(1)
+                with contextlib.suppress(Exception):
+                    await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+                continue
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     f = {

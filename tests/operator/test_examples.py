@@ -14,7 +14,9 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "kubernete
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in EXAMPLES])
-def test_example_is_accepted_by_the_api_server(path: Path, k8s: client.ApiClient, namespace: str) -> None:
+def test_example_is_accepted_by_the_api_server(
+    path: Path, k8s: client.ApiClient, namespace: str
+) -> None:
     doc = yaml.safe_load(path.read_text())
     assert doc["kind"] == "RuntimePool"
     RuntimePoolSpec.model_validate(doc["spec"])

@@ -1,0 +1,97 @@
+"""The background pump's readiness gate, then dispatch over the HTTP provider.
+
+The gate is observed through the registry reads it makes (an event fires after a
+given number of polls), never through elapsed time: while nothing ready and able to
+accept a run is registered, the pump does not run a single dispatch cycle (with
+scale-out enabled a premature cycle would visibly park the run in
+ScaleOutRequested). Once a pooled HTTP runtime host registers its children, the
+gate passes and the queued run is dispatched to a ``runtime-http-*`` child and
+completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio import Redis
+
+from airuntime.control_plane import ControlPlane, ControlPlaneSettings
+from airuntime.dispatch import DispatchResult
+from airuntime.registry import InstanceDescriptor, InstanceStatus, Registry
+from airuntime.shared_runs import SharedRunStatus
+from runtime_pod.config import InstanceConfig
+from runtime_pod.host import RuntimeHost
+from tests.control_plane.support import (
+    TINY_PIPELINE,
+    descriptor,
+    publish,
+    running_cp,
+    running_host,
+    snap,
+    wait_finished,
+)
+
+
+class PollCountingRegistry(Registry):
+    """The real registry; ``polled(n)`` fires once ``list_all`` ran n more times."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis)
+        self.polls = 0
+        self._waiters: list[tuple[int, asyncio.Event]] = []
+
+    async def list_all(self) -> list[InstanceDescriptor]:
+        found = await super().list_all()
+        self.polls += 1
+        for target, event in self._waiters:
+            if self.polls >= target:
+                event.set()
+        return found
+
+    async def polled(self, more: int) -> None:
+        event = asyncio.Event()
+        self._waiters.append((self.polls + more, event))
+        await asyncio.wait_for(event.wait(), 10)
+
+
+async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_http(
+    redis: Redis,
+) -> None:
+    observed: list[DispatchResult] = []
+    cp = ControlPlane(
+        redis,
+        ControlPlaneSettings(background_pump=True, scale_out_enabled=True),
+        observer=observed.append,
+    )
+    gate_registry = PollCountingRegistry(redis)
+    cp.background.registry = gate_registry
+    config = InstanceConfig(provider="http", runtime_prefix="runtime-http", heartbeat_s=0.5)
+    host = RuntimeHost(redis, config, instances=2, http_port=0)
+    async with running_cp(cp):
+        run = await cp.submit(TINY_PIPELINE, snap())
+
+        # 1. Nothing registered: the gate keeps looking, no dispatch cycle runs.
+        await gate_registry.polled(3)
+        assert not cp.background.ready.is_set()
+
+        # 2. Registered but not dispatchable: Starting, or Ready with a paused queue.
+        await publish(redis, descriptor("runtime-starting-1", status=InstanceStatus.STARTING))
+        await publish(redis, descriptor("runtime-paused-1", paused=True))
+        await gate_registry.polled(3)
+        assert not cp.background.ready.is_set()
+        assert observed == []
+        queued = await cp.runs.get(run.shared_run_id)
+        assert queued is not None and queued.status is SharedRunStatus.QUEUED_GLOBALLY
+        assert (await cp.queue.item(run.shared_run_id))["status"] == "Pending"
+
+        # 3. A pooled HTTP host registers its children: the gate passes, the pump dispatches.
+        async with running_host(host):
+            await asyncio.wait_for(cp.background.ready.wait(), 10)
+            body = await wait_finished(cp, run.shared_run_id, "default")
+
+    children = {i.instance_id for i in host.instances}
+    assert children == {"runtime-http-1", "runtime-http-2"}
+    assert body["status"] == "Dispatched"
+    assert body["assigned_instance_id"] in children
+    assert body["run"]["status"] == "completed" and body["execution_id"]
+    assert [(r.success, r.instance_id) for r in observed] == [(True, body["assigned_instance_id"])]

@@ -1,0 +1,150 @@
+"""Worker capacity as the control plane sees it (DESIGN §5 "Capacity", reference 000_*).
+
+A latch handler holds steps open, so the state is observed, not timed: the capacity
+descriptor in the registry shows WorkerCount / ActiveWorkerCount /
+AvailableWorkerCount / MaxLocalWorkersPerExecution; CanAcceptRun turns false when
+the workers are saturated even though run slots are free, and admission then queues;
+each execution gets min(WorkerCount, MaxLocalWorkersPerExecution, AvailableWorkerCount)
+workers, so at most that many of its steps run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from redis.asyncio import Redis
+
+from airuntime import keys
+from airuntime.admission import Decision
+from airuntime.control_plane import ControlPlane, ControlPlaneSettings
+from airuntime.handlers import HandlerRegistry, StepContext
+from airuntime.registry import CapacityDescriptor, Registry
+from airuntime.shared_runs import SharedRunStatus
+from runtime_pod.config import InstanceConfig
+from runtime_pod.host import RuntimeHost
+from tests.control_plane.support import (
+    drain_until_finished,
+    running_cp,
+    running_host,
+    snap,
+    wait_for,
+)
+
+BLOCKING: dict[str, Any] = {
+    "id": "blocking",
+    "steps": [{"id": f"b{i}", "uses": "latch"} for i in range(4)],
+}
+
+
+class Latch:
+    """A step handler that holds until released, counting running steps per execution."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.active: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+
+    async def __call__(self, ctx: StepContext) -> None:
+        self.active[ctx.execution_id] += 1
+        self.peak[ctx.execution_id] = max(
+            self.peak[ctx.execution_id], self.active[ctx.execution_id]
+        )
+        self.changed.set()
+        try:
+            await self.release.wait()
+        finally:
+            self.active[ctx.execution_id] -= 1
+
+    async def until_running(self, total: int) -> None:
+        async def reached() -> None:
+            while sum(self.active.values()) < total:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(reached(), 10)
+
+
+async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
+    redis: Redis,
+) -> None:
+    latch = Latch()
+    handlers = HandlerRegistry(autoload=True)
+    handlers.register("latch", latch)
+    config = InstanceConfig(
+        provider="local",
+        workers=4,
+        max_local_workers_per_execution=3,
+        max_concurrent_runs=5,
+        heartbeat_s=0.5,
+        assist=False,
+    )
+    host = RuntimeHost(redis, config, instances=1, handlers=handlers)
+    cp = ControlPlane(
+        redis,
+        ControlPlaneSettings(background_pump=False, scale_out_enabled=False),
+        handlers=handlers,
+    )
+    registry = Registry(redis)
+
+    async def capacity_when(active_workers: int) -> CapacityDescriptor:
+        async def probe() -> CapacityDescriptor | None:
+            d = await registry.get(host.instances[0].instance_id)
+            ok = d is not None and d.capacity.active_worker_count == active_workers
+            return d.capacity if ok and d is not None else None
+
+        return await wait_for(probe, timeout_s=10, what=f"{active_workers} active workers")
+
+    async with running_host(host, cp), running_cp(cp):
+        idle = await capacity_when(0)
+        assert (idle.worker_count, idle.available_worker_count) == (4, 4)
+        assert idle.max_local_workers_per_execution == 3 and idle.can_accept_run
+
+        # Run 1: capped by MaxLocalWorkersPerExecution = 3 of the 4 workers.
+        run1 = await cp.submit(BLOCKING, snap())
+        assert (await cp.drain(1)).dispatched == 1
+        await latch.until_running(3)
+        one = await capacity_when(3)
+        assert (one.active_worker_count, one.available_worker_count) == (3, 1)
+        assert one.running_run_count == 1 and one.can_accept_run
+
+        # Run 2: min(4, 3, available 1) = 1 worker; now every worker is taken.
+        run2 = await cp.submit(BLOCKING, snap())
+        assert (await cp.drain(1)).dispatched == 1
+        await latch.until_running(4)
+        full = await capacity_when(4)
+        assert (full.active_worker_count, full.available_worker_count) == (4, 0)
+        assert full.running_run_count == 2 and full.available_run_slots == 3
+        assert not full.can_accept_run  # run slots free, workers saturated
+
+        # Admission sees it: the third run stays QueuedGlobally.
+        run3 = await cp.submit(BLOCKING, snap())
+        [r3] = (await cp.drain(1)).results
+        assert not r3.success and r3.decision is Decision.QUEUE
+        stored = await cp.runs.get(run3.shared_run_id)
+        assert stored is not None and stored.status is SharedRunStatus.QUEUED_GLOBALLY
+
+        # While workers are held, each execution's running steps never exceed its share.
+        b1 = await cp.get(run1.shared_run_id, "default")
+        b2 = await cp.get(run2.shared_run_id, "default")
+        assert b1 is not None and b2 is not None
+        e1, e2 = b1["execution_id"], b2["execution_id"]
+        assert await redis.zcard(keys.execution_keys(e1).running) == 3
+        assert await redis.zcard(keys.execution_keys(e2).running) == 1
+
+        latch.release.set()
+        bodies = await drain_until_finished(
+            cp, {r.shared_run_id: "default" for r in (run1, run2, run3)}
+        )
+        back = await capacity_when(0)
+        assert back.available_worker_count == 4 and back.can_accept_run
+
+    assert {b["run"]["status"] for b in bodies.values()} == {"completed"}
+    assert latch.peak[e1] == 3 and latch.peak[e2] == 1
+    md1 = bodies[run1.shared_run_id]["run"]["metadata"]
+    md2 = bodies[run2.shared_run_id]["run"]["metadata"]
+    assert md1["max.local.workers.per.execution"] == "3"
+    assert md1["effective.worker.count.per.execution"] == "3"
+    assert md2["effective.worker.count.per.execution"] == "1"
