@@ -362,15 +362,7 @@ def demo(
                     results[tenant] = body
             time.sleep(0.2)
         table = Table(title="where each run ran")
-        for col in (
-            "tenant",
-            "mode",
-            "shared run",
-            "runtime instance",
-            "run",
-            "execution",
-            "steps",
-        ):
+        for col in ("tenant", "mode", "runtime instance", "run", "steps"):
             table.add_column(col, no_wrap=True)
         for tenant, mode in DEMO_TENANTS:
             body = results.get(tenant, {})
@@ -379,13 +371,19 @@ def demo(
             table.add_row(
                 tenant,
                 mode,
-                submitted[tenant][:11] + "…",
                 body.get("assigned_instance_id") or "-",
                 run.get("status", "unfinished"),
-                (body.get("execution_id") or "-")[:11] + "…",
                 f"{ex.get('completed', 0)}/{ex.get('total', '?')}",
             )
         out.print(table)
+        for tenant, _ in DEMO_TENANTS:
+            body = results.get(tenant, {})
+            out.print(
+                f"{tenant}: shared run {submitted[tenant]}, run {body.get('run_id') or '-'}, "
+                f"execution {body.get('execution_id') or '-'}",
+                soft_wrap=True,
+                highlight=False,
+            )
         ok = len(results) == len(submitted) and all(
             (b.get("run") or {}).get("status") == "completed" for b in results.values()
         )
