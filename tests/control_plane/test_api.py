@@ -1,0 +1,175 @@
+"""The control-plane HTTP API: RBAC, tenant scoping, and 4xx (never 500) on bad input.
+
+The app runs in-process over httpx's ASGI transport with a real ControlPlane on a
+real Redis and a real runtime host, so a submitted run really executes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+
+from airuntime.api import create_app
+from airuntime.control_plane import ControlPlane, ControlPlaneSettings
+from airuntime.control_plane_metrics import ControlPlaneMetrics
+from airuntime.rbac import Authenticator, TokenEntry
+from runtime_pod.config import InstanceConfig
+from runtime_pod.host import RuntimeHost
+
+PIPELINE = {"id": "api-test", "steps": [{"id": "a", "uses": "echo", "with": {"value": 1}}]}
+TOKENS = {
+    "alice-a": ("tenant-a", ["operator"]),
+    "bob-b": ("tenant-b", ["operator"]),
+    "viewer-a": ("tenant-a", ["viewer"]),
+    "admin-x": ("default", ["admin"]),
+}
+
+
+@pytest_asyncio.fixture
+async def api(redis: Redis) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
+    host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
+    await host.start()
+    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False, scale_out_enabled=False))
+    for inst in host.instances:
+        cp.local.add(inst)
+    await cp.start()
+    auth = Authenticator(
+        [
+            TokenEntry(token=f"token-{name}", user=name, tenant=tenant, roles=roles)
+            for name, (tenant, roles) in TOKENS.items()
+        ]
+    )
+    app = create_app(cp, auth, ControlPlaneMetrics(cp.queue, cp.scale_outs))
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp")
+    try:
+        yield client, cp
+    finally:
+        await client.aclose()
+        await cp.stop()
+        await host.stop()
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer token-{name}"}
+
+
+async def _completed(
+    client: httpx.AsyncClient, cp: ControlPlane, srid: str, who: str
+) -> dict[str, Any]:
+    for _ in range(300):
+        await cp.drain(10)
+        body: dict[str, Any] = (await client.get(f"/v1/runs/{srid}", headers=auth(who))).json()
+        if (body.get("run") or {}).get("status") == "completed":
+            return body
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"run {srid} did not complete: {body}")
+
+
+async def test_a_submitted_run_belongs_to_the_callers_tenant_and_completes(api: Any) -> None:
+    client, cp = api
+    resp = await client.post("/v1/runs", json={"pipeline": PIPELINE}, headers=auth("alice-a"))
+    assert resp.status_code == 202, resp.text
+    srid = resp.json()["shared_run_id"]
+    body = await _completed(client, cp, srid, "alice-a")
+    assert body["snapshot"]["tenant_id"] == "tenant-a" and body["snapshot"]["user_id"] == "alice-a"
+    assert body["execution_id"] and body["steps"] == {"a": "completed"}
+    listed = (await client.get("/v1/runs", headers=auth("alice-a"))).json()
+    assert [r["shared_run_id"] for r in listed] == [srid]
+
+
+async def test_another_tenant_gets_404_for_read_and_cancel_and_sees_nothing_in_lists(
+    api: Any,
+) -> None:
+    client, _ = api
+    srid = (
+        await client.post("/v1/runs", json={"pipeline": PIPELINE}, headers=auth("alice-a"))
+    ).json()["shared_run_id"]
+    assert (await client.get(f"/v1/runs/{srid}", headers=auth("bob-b"))).status_code == 404
+    assert (await client.post(f"/v1/runs/{srid}/cancel", headers=auth("bob-b"))).status_code == 404
+    assert (await client.get("/v1/runs", headers=auth("bob-b"))).json() == []
+    queue = (await client.get("/v1/queue", headers=auth("bob-b"))).json()
+    assert queue == {"pending": 0, "pending_by_tenant": {}}
+    assert (
+        await client.get("/v1/tenants/tenant-a/settings", headers=auth("bob-b"))
+    ).status_code == 404
+    still = (await client.get(f"/v1/runs/{srid}", headers=auth("alice-a"))).json()
+    assert still["status"] == "QueuedGlobally", "bob's cancel must not touch alice's run"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "who", "status"),
+    [
+        pytest.param("post", "/v1/runs", None, 401, id="no token"),
+        pytest.param("post", "/v1/runs", "nobody", 401, id="unknown token"),
+        pytest.param("post", "/v1/runs", "viewer-a", 403, id="viewer cannot submit"),
+        pytest.param("post", "/v1/queue/drain", "viewer-a", 403, id="viewer cannot drain"),
+        pytest.param("get", "/v1/instances", None, 401, id="instances need a token"),
+    ],
+)
+async def test_rbac_refuses_missing_tokens_and_capabilities(
+    api: Any, method: str, path: str, who: str | None, status: int
+) -> None:
+    client, _ = api
+    headers = auth(who) if who else {}
+    resp = await getattr(client, method)(
+        path, headers=headers, **({"json": {"pipeline": PIPELINE}} if method == "post" else {})
+    )
+    assert resp.status_code == status, resp.text
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        pytest.param({}, "pipeline", id="no pipeline"),
+        pytest.param({"pipeline": {"id": "x", "steps": []}}, "steps", id="no steps"),
+        pytest.param(
+            {"pipeline": {"id": "x", "steps": [{"id": "a", "uses": "nope"}]}},
+            "unknown handler 'nope'",
+            id="bad handler",
+        ),
+        pytest.param({"pipeline_yaml": "id: [unclosed"}, "pipeline_yaml", id="bad yaml"),
+        pytest.param({"pipeline": PIPELINE, "mode": "Sometimes"}, "mode", id="bad mode"),
+        pytest.param({"pipeline": PIPELINE, "surprise": 1}, "surprise", id="unknown field"),
+    ],
+)
+async def test_bad_requests_get_4xx_naming_the_field_and_write_nothing(
+    api: Any, redis: Redis, body: dict[str, Any], needle: str
+) -> None:
+    client, _ = api
+    before = await redis.dbsize()
+    resp = await client.post("/v1/runs", json=body, headers=auth("alice-a"))
+    assert 400 <= resp.status_code < 500, resp.text
+    assert needle in resp.text
+    assert await redis.dbsize() == before, "a refused submission leaves nothing behind"
+
+
+async def test_instances_settings_drain_metrics_and_openapi(api: Any) -> None:
+    client, _ = api
+    instances = (await client.get("/v1/instances", headers=auth("admin-x"))).json()
+    assert len(instances) == 1 and instances[0]["capacity"]["can_accept_run"] is True
+    # A tenant without stored settings is Shared, so it sees the shared instance too.
+    assert len((await client.get("/v1/instances", headers=auth("alice-a"))).json()) == 1
+    settings = (await client.get("/v1/tenants/tenant-a/settings", headers=auth("alice-a"))).json()
+    assert settings["tenant_id"] == "tenant-a"
+    drained = (
+        await client.post("/v1/queue/drain", json={"max_count": 5}, headers=auth("alice-a"))
+    ).json()
+    assert drained["stopped"] == "empty"
+    bad = await client.post("/v1/queue/drain", json={"max_count": 0}, headers=auth("alice-a"))
+    assert bad.status_code == 422 and "max_count" in bad.text
+    metrics = (await client.get("/metrics")).text
+    for name in (
+        "airuntime_shared_queue_depth",
+        "airuntime_admission_decisions_total",
+        "airuntime_pump_cycles_total",
+    ):
+        assert name in metrics
+    spec = (await client.get("/openapi.json")).json()
+    assert "/v1/runs/{shared_run_id}/cancel" in spec["paths"]
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
