@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import time
@@ -31,6 +30,7 @@ from redis.asyncio import Redis
 from airuntime import keys
 from airuntime.admission import Admission, Decision
 from airuntime.context import ExecutionContextSnapshot, use_context
+from airuntime.discovery import publish_control_plane
 from airuntime.dispatch import (
     BackgroundPump,
     DispatchObserver,
@@ -161,12 +161,7 @@ class ControlPlane:
             await self.redis.delete(keys.control_plane())
 
     async def _publish_discovery(self) -> None:
-        doc = {
-            "control_plane_id": self.settings.control_plane_id,
-            "host": socket.gethostname(),
-            "heartbeat_at_ms": int(time.time() * 1000),
-        }
-        await self.redis.set(keys.control_plane(), json.dumps(doc), px=10_000)
+        await publish_control_plane(self.redis, self.settings.control_plane_id)
 
     async def _discovery_heartbeat(self) -> None:
         while True:

@@ -110,6 +110,8 @@ class InstanceDescriptor(BaseModel):
     allow_shared_fallback: bool = True
     runtime_prefix: str
     capacity: CapacityDescriptor
+    control_plane_id: str | None = None
+    """Logical control plane the host resolved at startup (discovery), if any."""
 
     def visible_to(self, tenant: TenantSettings) -> bool:
         return is_visible(

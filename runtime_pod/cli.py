@@ -82,6 +82,13 @@ def runtime(
         typer.Option(envvar="AIRUNTIME_ADVERTISE_HOST", help="Address published in the registry."),
     ] = None,
     heartbeat_s: Annotated[float, typer.Option(envvar="AIRUNTIME_HEARTBEAT_S")] = 2.0,
+    wait_for_control_plane_s: Annotated[
+        float,
+        typer.Option(
+            envvar="AIRUNTIME_WAIT_FOR_CONTROL_PLANE_S",
+            help="Wait this long for the control plane's discovery record at startup.",
+        ),
+    ] = 0.0,
     lease_ms: Annotated[int, typer.Option(envvar="AIRUNTIME_LEASE_MS")] = 15_000,
     settings_file: Annotated[Path | None, typer.Option(envvar="AIRUNTIME_SETTINGS_FILE")] = None,
     redis_url: Annotated[str | None, typer.Option("--redis-url", envvar=ENV_VAR)] = None,
@@ -123,7 +130,18 @@ def runtime(
         store.load()
     except SettingsError as exc:
         raise _invalid(str(exc)) from None
-    asyncio.run(_serve(redis_url, config, instances, http_host, http_port, store, advertise_host))
+    asyncio.run(
+        _serve(
+            redis_url,
+            config,
+            instances,
+            http_host,
+            http_port,
+            store,
+            advertise_host,
+            wait_for_control_plane_s,
+        )
+    )
 
 
 async def _serve(
@@ -134,6 +152,7 @@ async def _serve(
     http_port: int,
     store: SettingsStore,
     advertise_host: str | None = None,
+    wait_for_control_plane_s: float = 0.0,
 ) -> None:
     redis = connect(url, client_name="airt-runtime")
     host = RuntimeHost(
@@ -144,6 +163,7 @@ async def _serve(
         http_port=http_port,
         settings_store=store,
         advertise_host=advertise_host or None,
+        wait_for_control_plane_s=wait_for_control_plane_s,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from airuntime import keys
+from airuntime.discovery import resolve_control_plane_id
 from airuntime.handlers import HandlerRegistry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.instance import InstanceHooks, RunRefused, RuntimeInstance
@@ -62,6 +63,7 @@ class RuntimeHost:
         http_host: str = "127.0.0.1",
         http_port: int | None = None,
         advertise_host: str | None = None,
+        wait_for_control_plane_s: float = 0.0,
         settings_store: SettingsStore | None = None,
         handlers: HandlerRegistry | None = None,
     ) -> None:
@@ -74,6 +76,8 @@ class RuntimeHost:
         self.http_host = http_host
         self.http_port = http_port
         self.advertise_host = advertise_host
+        self.wait_for_control_plane_s = wait_for_control_plane_s
+        self.control_plane_id: str | None = None
         self.settings_store = settings_store
         self.handlers = handlers
         self.metrics = RuntimeMetrics()
@@ -94,6 +98,10 @@ class RuntimeHost:
                 ids = await allocate_instance_ids(
                     self.redis, self.config.runtime_prefix, self.count
                 )
+        # Resolve the control plane's identity once; shutdown reuses it (no rediscovery).
+        self.control_plane_id = await resolve_control_plane_id(
+            self.redis, wait_s=self.wait_for_control_plane_s
+        )
         if self.http_port is not None:
             await self._start_http()
         for iid in ids:
@@ -111,6 +119,7 @@ class RuntimeHost:
                 hooks=hooks,
             )
             inst.pool.observer = hooks.on_step
+            inst.control_plane_id = self.control_plane_id
             self.instances.append(inst)
             self.metrics.track(inst)
         if self.settings_store is not None:

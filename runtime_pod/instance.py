@@ -139,6 +139,7 @@ class RuntimeInstance:
         self._last_tenant_slot_limit: int | None = None
         self._tenant_settings_seen = False
         self.registered = asyncio.Event()
+        self.control_plane_id: str | None = None
         self._changed = asyncio.Event()
         self.last_capacity: CapacityDescriptor | None = None
 
@@ -181,6 +182,7 @@ class RuntimeInstance:
             allow_shared_fallback=cfg.allow_shared_fallback,
             runtime_prefix=cfg.runtime_prefix,
             capacity=await self.capacity(),
+            control_plane_id=self.control_plane_id,
         )
 
     # -- intake ----------------------------------------------------------------------
