@@ -1,0 +1,181 @@
+"""The end-to-end scenario on a kind cluster: the real image, pods and kubelet.
+
+The same scenario as ``tests/e2e/test_cluster_e2e.py`` (one run per tenant mode, every
+run needing a scale-out through a ScaleOutRequest), with nothing run locally: the image
+is built from the repository's Dockerfile (``docker build``) and loaded into the kind
+cluster of ``kind-config.yaml`` (``kind load docker-image``); the chart is installed
+with ``helm install`` (in-cluster Valkey, the control plane on the NodePort that
+``kind-config.yaml`` maps to the host); the RuntimePools are applied with
+``kubectl apply -f``; runs are submitted through the mapped port.
+
+Skipped, with the reason, unless ``docker`` (with a reachable daemon), ``kind`` and
+``kubectl`` are installed. A cluster named like ``kind-config.yaml``'s that already
+exists is reused and kept; one this test creates is deleted afterwards (unless
+``AIRUNTIME_KIND_KEEP=1``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.e2e.cluster import (
+    MAX_INSTANCES,
+    TENANTS,
+    check_placement,
+    scenario_values,
+    submit_and_wait,
+)
+from tests.e2e.test_chart import CHART, helm, run_helm  # noqa: F401 - helm is a fixture
+
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KIND_CONFIG = REPO_ROOT / "kind-config.yaml"
+IMAGE_REPOSITORY, IMAGE_TAG = "airuntime", "e2e"
+RELEASE = NAMESPACE = "airuntime"
+RUN_DEADLINE = 300.0
+
+
+def _tools_missing() -> str | None:
+    for tool in ("docker", "kind", "kubectl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`docker info` failed: {exc}"
+    if info.returncode != 0:
+        return f"`docker info` failed (no reachable docker daemon): {info.stderr.strip()[-300:]}"
+    return None
+
+
+def sh(*argv: str, timeout: float = 900, input_text: str | None = None) -> str:
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, input=input_text, cwd=REPO_ROOT
+    )
+    assert proc.returncode == 0, f"{shlex.join(argv)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+class Kind:
+    def __init__(self, name: str, tmp: Path, helm_path: str) -> None:
+        self.name, self.tmp, self.helm = name, tmp, helm_path
+        self.context = f"kind-{name}"
+
+    def kubectl(self, *args: str, input_text: str | None = None) -> str:
+        return sh("kubectl", "--context", self.context, *args, input_text=input_text)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "--namespace", NAMESPACE, "-o", "json"))
+
+    def run_helm(self, *args: str, values: dict[str, Any] | None = None) -> str:
+        return run_helm(self.helm, *args, "--kube-context", self.context, values=values,
+                        tmp=self.tmp)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kind_tools() -> None:
+    """Skips before the ``helm`` fixture (which may build helm) when kind cannot run."""
+    missing = _tools_missing()
+    if missing:
+        pytest.skip(f"kind e2e needs docker, kind and kubectl: {missing}")
+
+
+@pytest.fixture(scope="module")
+def kind(
+    kind_tools: None,
+    helm: str,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Kind]:
+    name = yaml.safe_load(KIND_CONFIG.read_text())["name"]
+    created = name not in sh("kind", "get", "clusters").split()
+    if created:
+        sh("kind", "create", "cluster", "--config", str(KIND_CONFIG), "--wait", "180s")
+    cluster = Kind(name, tmp_path_factory.mktemp("kind"), helm)
+    try:
+        image = f"{IMAGE_REPOSITORY}:{IMAGE_TAG}"
+        sh("docker", "build", "-t", image, ".", timeout=1800)
+        sh("kind", "load", "docker-image", image, "--name", name)
+        yield cluster
+    finally:
+        subprocess.run(["kubectl", "--context", cluster.context, "delete", "runtimepools",
+                        "--all", "--namespace", NAMESPACE, "--timeout=60s"],
+                       capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run([helm, "uninstall", RELEASE, "--namespace", NAMESPACE, "--kube-context",
+                        cluster.context], capture_output=True, timeout=300)  # fmt: skip
+        if created and os.environ.get("AIRUNTIME_KIND_KEEP") != "1":
+            subprocess.run(["kind", "delete", "cluster", "--name", name], timeout=300)
+
+
+def test_scenario_on_kind(kind: Kind) -> None:
+    node = yaml.safe_load(KIND_CONFIG.read_text())["nodes"][0]
+    (mapping,) = [m for m in node["extraPortMappings"] if m["containerPort"] == 30780]
+    values = {
+        **scenario_values(with_pools=False),
+        "image": {"repository": IMAGE_REPOSITORY, "tag": IMAGE_TAG, "pullPolicy": "Never"},
+        "redis": {"valkey": {"enabled": True}},
+    }
+    values["controlPlane"] = {
+        **values["controlPlane"],
+        "service": {"type": "NodePort", "nodePort": mapping["containerPort"]},
+    }
+    kind.run_helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+                  "--wait", "--timeout", "10m", values=values)  # fmt: skip
+
+    # The RuntimePools, applied by hand like a user would (Redis: the chart's Valkey).
+    pools = [
+        {
+            "apiVersion": "airuntime.io/v1alpha1",
+            "kind": "RuntimePool",
+            "metadata": {"name": pool, "namespace": NAMESPACE},
+            "spec": {"tenantId": tenant, "runtimePrefix": prefix, "isolationMode": mode,
+                     "minInstances": 0, "maxInstances": MAX_INSTANCES, "replicas": 0,
+                     "redis": {"name": f"{RELEASE}-redis", "key": "url"}},
+        }
+        for tenant, (mode, pool, prefix) in TENANTS.items()
+    ]  # fmt: skip
+    kind.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(pools))
+
+    def reconciled() -> bool:
+        items = kind.get("runtimepools")["items"]
+        return len(items) == 3 and all("desiredReplicas" in (p.get("status") or {}) for p in items)
+
+    deadline = time.monotonic() + 120
+    while not reconciled():
+        assert time.monotonic() < deadline, "the operator did not reconcile the RuntimePools"
+        time.sleep(1)
+
+    secret = kind.get("secret", f"{RELEASE}-tokens")
+    entries = yaml.safe_load(base64.b64decode(secret["data"]["tokens.yaml"]))["tokens"]
+    tokens = {e["tenant"]: e["token"] for e in entries}
+    api_url = f"http://{mapping.get('listenAddress', '127.0.0.1')}:{mapping['hostPort']}"
+    assert httpx.get(f"{api_url}/readyz", timeout=10).status_code == 200
+
+    submitted, finished = submit_and_wait(api_url, tokens, deadline_s=RUN_DEADLINE)
+    assert set(finished) == set(TENANTS), (
+        f"unfinished: {sorted(set(TENANTS) - set(finished))}; "
+        f"scale-out requests: {kind.get('scaleoutrequests')['items']}"
+    )
+    check_placement(submitted, finished)
+
+    requests = {r["spec"]["tenantId"]: r for r in kind.get("scaleoutrequests")["items"]}
+    pods = {p["metadata"]["name"] for p in kind.get("pods")["items"]}
+    for tenant in TENANTS:
+        status = requests[tenant]["status"]
+        instance = finished[tenant]["assigned_instance_id"]
+        assert status["phase"] == "Fulfilled", status
+        assert status["fulfilledRuntimeInstanceId"] == instance
+        assert instance in pods, f"{instance} is not a pod of the cluster: {sorted(pods)}"
