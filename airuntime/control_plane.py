@@ -55,6 +55,7 @@ from airuntime.scale_out import (
     ScaleOutWatcher,
 )
 from airuntime.shared_runs import SharedQueue, SharedRun, SharedRunStatus, SharedRunStore
+from airuntime.tasks import cancel_and_wait
 
 
 class SubmitMode(StrEnum):
@@ -151,9 +152,7 @@ class ControlPlane:
             self._tasks.append(asyncio.create_task(requeuer.run(), name="cp-requeue"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self.scale_out_provider is not None:
             await self.scale_out_provider.close()

@@ -44,6 +44,7 @@ from airuntime.handlers import HandlerRegistry, StepContext, default_registry, i
 from airuntime.pipeline import Plan, PlanStep
 from airuntime.references import resolve
 from airuntime.retry import retry_delay_s
+from airuntime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -194,14 +195,10 @@ class _Participation:
         try:
             await self._loop()
         finally:
-            flusher.cancel()
-            renewer.cancel()
             for r in list(self.running.values()):
-                if r.task is not None:
-                    r.lost = True
-                    r.task.cancel()
+                r.lost = True  # stopped by the pool: not a crash
             tasks = [r.task for r in self.running.values() if r.task is not None]
-            await asyncio.gather(flusher, renewer, *tasks, return_exceptions=True)
+            await cancel_and_wait([flusher, renewer, *tasks])
         assert self.terminal is not None
         return self.terminal
 

@@ -24,7 +24,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,28 +40,13 @@ from airuntime.pipeline import PipelineError, compile_pipeline, parse_pipeline
 from airuntime.registry import CapacityDescriptor, InstanceDescriptor, InstanceStatus, Registry
 from airuntime.run_index import RunIndex
 from airuntime.runs import RunRecord, RunRequest, RunStatus
+from airuntime.tasks import cancel_and_wait
 from airuntime.tenancy import TenantSettings, is_visible
 from airuntime.worker_pool import PoolSettings, WorkerPool
 from runtime_pod.config import InstanceConfig
 from runtime_pod.step_slots import StepSlotController
 
 log = logging.getLogger(__name__)
-
-
-async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and return once every one has ended.
-
-    Cancels again while any is left: redis-py can swallow a cancellation that lands
-    inside a command (the task then carries on, e.g. back to waiting for a kick), so
-    a single ``cancel()`` + ``gather`` may wait forever.
-    """
-    tasks = list(tasks)
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for t in pending:
-            t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.5)
-    await asyncio.gather(*tasks, return_exceptions=True)  # retrieve their outcomes
 
 
 class RunRefused(AirError):
@@ -268,12 +253,12 @@ class RuntimeInstance:
         self.status = InstanceStatus.DRAINING
         with contextlib.suppress(Exception):
             await self.registry.publish(await self.descriptor(), self.config.heartbeat_ttl_ms)
-        await _cancel_and_wait(self._tasks)
+        await cancel_and_wait(self._tasks)
         running = [p.task for p in self.participations.values()]
         if running:
             _, pending = await asyncio.wait(running, timeout=drain_timeout_s)
             # claims expire; another instance adopts the executions
-            await _cancel_and_wait(pending)
+            await cancel_and_wait(pending)
         # Only now: a step refused by a shut-down slot controller counts as a failed
         # attempt, so closing admission while participations still claim steps would
         # fail the runs being drained.
