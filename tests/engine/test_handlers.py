@@ -83,18 +83,21 @@ async def test_an_async_handler_does_not_hop_through_a_thread() -> None:
 
 
 async def test_a_blocking_sync_handler_does_not_block_the_loop() -> None:
-    ticks = 0
+    started, release = threading.Event(), threading.Event()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.005)
-            ticks += 1
+    def blocking(c: StepContext) -> str:
+        started.set()
+        # Only the event loop releases this: if the handler blocked the loop, it never would.
+        assert release.wait(30), "the handler blocked the event loop"
+        return "done"
 
-    task = asyncio.create_task(ticker())
-    await invoke(lambda c: time.sleep(0.2), ctx())
-    task.cancel()
-    assert ticks >= 10
+    call = asyncio.create_task(invoke(blocking, ctx()))
+    assert await asyncio.to_thread(started.wait, 30)
+    loop_ran = asyncio.Event()
+    asyncio.get_running_loop().call_soon(loop_ran.set)
+    await loop_ran.wait()  # the loop keeps running while the handler blocks
+    release.set()
+    assert await call == "done"
 
 
 async def test_sync_handlers_run_in_the_given_executor() -> None:
