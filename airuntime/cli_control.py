@@ -168,6 +168,23 @@ def _client(api: str | None, token: str | None, tenant: str | None) -> tuple[str
     return api or state["api_url"], token or tokens[tenant]
 
 
+def _api(method: str, url: str, token: str, *, timeout: float = 60, **kwargs: Any) -> Any:
+    """One API call; a 4xx/5xx answer becomes exit 2 with the server's message."""
+    try:
+        resp = httpx.request(
+            method, url, headers={"authorization": f"Bearer {token}"}, timeout=timeout, **kwargs
+        )
+    except httpx.HTTPError as exc:
+        raise _invalid(f"cannot reach the control plane at {url}: {exc}") from None
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise _invalid(f"{resp.status_code}: {detail}")
+    return resp.json()
+
+
 def submit(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline file.")],
     tenant: Annotated[
@@ -199,10 +216,7 @@ def submit(
     body: dict[str, Any] = {"pipeline": doc, "inputs": values}
     if mode is not None:
         body["mode"] = mode.value
-    resp = httpx.post(f"{base}/v1/runs", json=body, headers=headers, timeout=60)
-    if resp.status_code >= 400:
-        raise _invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
-    run = resp.json()
+    run = _api("POST", f"{base}/v1/runs", tok, json=body)
     console.print(f"submitted {run['shared_run_id']}: {run['status']}")
     if not wait:
         out.print(json.dumps(run))
@@ -254,15 +268,11 @@ def drain(
 ) -> None:
     """Drain the shared queue once (manual pump)."""
     base, tok = _client(api, token, tenant)
-    resp = httpx.post(
-        f"{base}/v1/queue/drain",
-        json={"max_count": max_count},
-        headers={"authorization": f"Bearer {tok}"},
-        timeout=120,
+    out.print(
+        json.dumps(
+            _api("POST", f"{base}/v1/queue/drain", tok, json={"max_count": max_count}, timeout=120)
+        )
     )
-    if resp.status_code >= 400:
-        raise _invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
-    out.print(json.dumps(resp.json()))
 
 
 def runs(
@@ -273,18 +283,11 @@ def runs(
 ) -> None:
     """List the caller tenant's shared runs."""
     base, tok = _client(api, token, tenant)
-    resp = httpx.get(
-        f"{base}/v1/runs",
-        params={"limit": limit},
-        headers={"authorization": f"Bearer {tok}"},
-        timeout=30,
-    )
-    if resp.status_code >= 400:
-        raise _invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
+    listed = _api("GET", f"{base}/v1/runs", tok, params={"limit": limit}, timeout=30)
     table = Table(title="shared runs")
     for col in ("shared run", "pipeline", "status", "instance", "run id"):
         table.add_column(col, overflow="fold")
-    for r in resp.json():
+    for r in listed:
         table.add_row(
             r["shared_run_id"],
             r["pipeline_id"],
