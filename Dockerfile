@@ -8,7 +8,7 @@
 #   docker run --rm airuntime:0.1.0 operator          # airt operator
 #
 # Stage 1 (builder) builds wheels of the project and of all its dependencies
-# (with the `operator` extra: kopf and the kubernetes client, which the operator
+# (with the `kubernetes` extra: kopf and the kubernetes client, which the operator
 # and the control plane's `kubernetes` scale-out provider need). Stage 2 installs
 # those wheels, offline, into a slim Python image without compilers, and runs as
 # an unprivileged user (uid/gid 10001, the uid the Helm chart and the operator's
@@ -36,7 +36,7 @@ COPY airuntime ./airuntime
 COPY runtime_pod ./runtime_pod
 COPY operator ./operator
 
-RUN pip wheel --wheel-dir /wheels ".[operator]"
+RUN pip wheel --wheel-dir /wheels ".[kubernetes]"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -64,7 +64,7 @@ RUN groupadd --system --gid 10001 airuntime \
 
 # The wheels are bind-mounted from the builder, so they never become a layer.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels "airuntime[operator]" \
+    pip install --no-index --find-links=/wheels "airuntime[kubernetes]" \
     && airt --help >/dev/null \
     && python -c "import airuntime_operator, runtime_pod"
 

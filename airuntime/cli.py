@@ -18,17 +18,18 @@ import json
 import sys
 from collections.abc import Iterator
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from airuntime import __version__
 from airuntime.embedded import ENV_VAR, redis_for_process
 from airuntime.errors import AirError
+from airuntime.examples import pipeline_path
 from airuntime.execution_store import ExecutionInfo, ExecutionStore
 from airuntime.pipeline import PipelineError, load_pipeline
 from airuntime.pipeline import compile_pipeline as compile_spec
@@ -47,7 +48,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
 def _fail_invalid(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_INVALID)
 
 
@@ -73,6 +74,27 @@ def _redis_url(url: str | None) -> Iterator[str]:
         yield resolved
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"airt {__version__}", highlight=False)
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the airuntime version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """airuntime: deterministic AI workflow runtime."""
+
+
 @app.command()
 def version() -> None:
     """Print the airuntime version."""
@@ -81,7 +103,13 @@ def version() -> None:
 
 @app.command()
 def run(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (.yaml, .yml or .json).")],
+    pipeline: Annotated[
+        str,
+        typer.Argument(
+            help="Pipeline file (.yaml, .yml or .json), or the name of a packaged example "
+            "(`airt examples list`)."
+        ),
+    ],
     workers: Annotated[
         int, typer.Option("--workers", "-w", help="Worker slots in this process.")
     ] = 4,
@@ -108,8 +136,11 @@ def run(
     run_inputs = _parse_kv(inputs or [], "--input")
     step_answers = _parse_kv(answers or [], "--answer")
     try:
-        spec = load_pipeline(pipeline)
+        with pipeline_path(pipeline) as path:
+            spec = load_pipeline(path)
         plan = compile_spec(spec)
+    except FileNotFoundError as exc:
+        raise _fail_invalid(str(exc)) from None
     except PipelineError as exc:
         raise _fail_invalid(str(exc)) from None
     unknown = sorted(set(step_answers) - {s.id for s in plan.steps if s.is_input})
@@ -307,15 +338,35 @@ async def _list_instances(url: str, tenant: str | None) -> list[Any]:
 
 
 def _load_plugins() -> None:
+    """Add the commands of the ``airuntime.commands`` entry points.
+
+    A plugin that cannot be loaded (a missing optional dependency, a broken install)
+    must not take ``airt`` down with it: its command is still listed, and running it
+    says what is wrong and exits 2.
+    """
     for ep in entry_points(group="airuntime.commands"):
-        register = ep.load()
-        register(app)
+        try:
+            register = ep.load()
+            register(app)
+        except Exception as exc:  # any plugin failure is reported the same way
+            _register_broken_plugin(ep.name, exc)
+
+
+def _register_broken_plugin(name: str, error: Exception) -> None:
+    message = f"airt {name} is unavailable: {type(error).__name__}: {error}"
+
+    def unavailable() -> None:
+        raise _fail_invalid(message)
+
+    unavailable.__doc__ = f"(unavailable: {error})"
+    app.command(name, context_settings={"ignore_unknown_options": True})(unavailable)
 
 
 def main() -> None:
-    from airuntime import cli_control
+    from airuntime import cli_control, cli_examples
 
     cli_control.register(app)
+    cli_examples.register(app)
     _load_plugins()
     app()
 

@@ -23,6 +23,7 @@ import httpx
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from airuntime.control_plane import ControlPlaneSettings, SubmitMode
@@ -36,7 +37,7 @@ out = Console()
 
 
 def _invalid(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -96,7 +97,7 @@ def control_plane(
         except ImportError as exc:
             raise _invalid(
                 f"--scale-out-provider kubernetes needs the kubernetes client "
-                f"(pip install 'airuntime[operator]'): {exc}"
+                f"(pip install 'airuntime[kubernetes]'): {exc}"
             ) from None
     asyncio.run(
         serve_control_plane(
@@ -186,7 +187,7 @@ def _api(method: str, url: str, token: str, *, timeout: float = 60, **kwargs: An
 
 
 def submit(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline file.")],
+    pipeline: Annotated[str, typer.Argument(help="Pipeline file, or a packaged example's name.")],
     tenant: Annotated[
         str | None, typer.Option(help="Submit as this tenant (local stack tokens).")
     ] = None,
@@ -197,11 +198,7 @@ def submit(
     token: Annotated[str | None, typer.Option(envvar="AIRUNTIME_API_TOKEN")] = None,
 ) -> None:
     """Submit PIPELINE to the control plane; with --wait show progress until it ends."""
-    try:
-        load_pipeline(pipeline)
-    except PipelineError as exc:
-        raise _invalid(str(exc)) from None
-    doc = yaml.safe_load(pipeline.read_text())
+    doc = _pipeline_document(pipeline)
     values: dict[str, Any] = {}
     for item in inputs or []:
         name, sep, raw = item.partition("=")
@@ -302,14 +299,13 @@ DEMO_TENANTS = (("default", "Shared"), ("tenant-a", "Dedicated"), ("tenant-b", "
 
 
 def demo(
-    pipeline: Annotated[Path, typer.Option(help="Pipeline each tenant submits.")] = Path(
-        "examples/summarize-documents.yaml"
-    ),
+    pipeline: Annotated[
+        str, typer.Option(help="Pipeline each tenant submits: a file or a packaged example.")
+    ] = "summarize-documents",
 ) -> None:
     """Run `airt up` in the background, submit a pipeline as three tenants (shared,
     dedicated, hybrid), show scale-out happening, and print where each run ran."""
-    if not pipeline.exists():
-        raise _invalid(f"--pipeline: {pipeline} not found (run the demo from the repository root)")
+    doc = _pipeline_document(pipeline)
     home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
     env = {**os.environ, "AIRUNTIME_HOME": str(home), "COLUMNS": "120"}
     env.pop(ENV_VAR, None)
@@ -333,7 +329,6 @@ def demo(
             time.sleep(0.1)
         state = json.loads(state_path.read_text())
         base = state["api_url"]
-        doc = yaml.safe_load(pipeline.read_text())
         submitted: dict[str, str] = {}
         console.print(
             "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
@@ -387,8 +382,15 @@ def demo(
                 soft_wrap=True,
                 highlight=False,
             )
-        ok = len(results) == len(submitted) and all(
-            (b.get("run") or {}).get("status") == "completed" for b in results.values()
+        completed = sum(
+            1 for b in results.values() if (b.get("run") or {}).get("status") == "completed"
+        )
+        ok = completed == len(submitted)
+        out.print(
+            f"demo: {completed} of {len(submitted)} runs completed, each on its tenant's runtime"
+            if ok
+            else f"demo: only {completed} of {len(submitted)} runs completed",
+            highlight=False,
         )
     finally:
         console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
@@ -400,6 +402,21 @@ def demo(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     raise typer.Exit(0 if ok else 1)
+
+
+def _pipeline_document(argument: str) -> Any:
+    """The pipeline document an argument names (file or packaged example), validated
+    locally first so a bad file is reported before anything is sent."""
+    from airuntime.examples import pipeline_path
+
+    try:
+        with pipeline_path(argument) as path:
+            load_pipeline(path)
+            return yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise _invalid(str(exc)) from None
+    except PipelineError as exc:
+        raise _invalid(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ the operator to scale the tenant's RuntimePool and mark the resource Fulfilled w
 the new instance id (or Rejected with a reason). The requeue service then puts the
 shared run back into the shared queue, exactly as with the local provider.
 
-The ``kubernetes`` client is an optional dependency (``pip install airuntime[operator]``)
+The ``kubernetes`` client is an optional dependency (``pip install airuntime[kubernetes]``)
 and is imported lazily; its blocking calls run in a thread.
 """
 

@@ -18,6 +18,7 @@ import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from airuntime.embedded import ENV_VAR
 from airuntime.redis_client import connect
@@ -36,7 +37,7 @@ runtime_app.add_typer(settings_app, name="settings")
 
 
 def _invalid(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 

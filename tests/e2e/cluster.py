@@ -534,7 +534,7 @@ class Kubelet(threading.Thread):
 # -- the scenario (shared with tests/e2e/test_kind_e2e.py) -----------------------------------
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = REPO_ROOT / "examples" / "summarize-documents.yaml"
+PIPELINE = REPO_ROOT / "airuntime" / "examples" / "summarize-documents.yaml"
 
 TENANTS: dict[str, tuple[str, str, str]] = {
     "default": ("Shared", "shared", "runtime-instance"),

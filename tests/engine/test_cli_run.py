@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "airuntime" / "examples"
 
 
 def airt(

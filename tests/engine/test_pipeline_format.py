@@ -32,7 +32,8 @@ from airuntime.pipeline import (
 ROOT = Path(__file__).resolve().parents[2]
 #: built-ins only, whatever other tests register in the process-wide default registry
 REGISTRY = HandlerRegistry(autoload=True)
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLE_DIR = ROOT / "airuntime" / "examples"
+EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 
 
 def step(id: str, uses: str = "noop", **kw: Any) -> dict[str, Any]:
@@ -873,7 +874,7 @@ def test_every_example_compiles(path: Path) -> None:
 
 
 def test_summarize_documents_fans_out_and_in() -> None:
-    plan = load_plan(ROOT / "examples" / "summarize-documents.yaml", registry=REGISTRY)
+    plan = load_plan(EXAMPLE_DIR / "summarize-documents.yaml", registry=REGISTRY)
     summaries = [f"summarize_{i}" for i in range(8)]
     assert len(plan.step("split").inputs["value"]) == 8
     assert plan.step("split").children == tuple(summaries)
@@ -883,20 +884,20 @@ def test_summarize_documents_fans_out_and_in() -> None:
 
 
 def test_retries_example_allows_enough_attempts() -> None:
-    step_ = load_plan(ROOT / "examples" / "retries.yaml", registry=REGISTRY).step("flaky")
+    step_ = load_plan(EXAMPLE_DIR / "retries.yaml", registry=REGISTRY).step("flaky")
     assert step_.handler == "fail"
     assert step_.inputs["fail_attempts"] == 2
     assert step_.retry.max_attempts == 4 and step_.retry.backoff_initial_s == 0.05
 
 
 def test_throttled_provider_example_shares_one_scope() -> None:
-    plan = load_plan(ROOT / "examples" / "throttled-provider.yaml", registry=REGISTRY)
+    plan = load_plan(EXAMPLE_DIR / "throttled-provider.yaml", registry=REGISTRY)
     assert len(plan.steps) == 6 and all(not s.deps for s in plan.steps)
     assert {s.throttle for s in plan.steps} == {ResolvedThrottle("openai/gpt-x/chat", 2, 30.0)}
 
 
 def test_human_input_example_waits_for_an_input_step() -> None:
-    plan = load_plan(ROOT / "examples" / "human-input.yaml", registry=REGISTRY)
+    plan = load_plan(EXAMPLE_DIR / "human-input.yaml", registry=REGISTRY)
     assert plan.step("approve").is_input
     assert plan.step("publish").deps == ("draft", "approve")
 

@@ -1,0 +1,87 @@
+"""``airt examples``: list the packaged example pipelines, print one, copy them out.
+
+The examples ship inside the package (:mod:`airuntime.examples`), so these commands
+work from any directory and in any install; ``airt run <name>`` and
+``airt submit <name>`` accept the same names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from airuntime.examples import all_examples, copy_example, find_example
+
+console = Console(stderr=True)
+out = Console()
+
+examples_app = typer.Typer(
+    help="The packaged example pipelines: list, show, copy out.", no_args_is_help=True
+)
+
+
+def _invalid(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+@examples_app.command("list")
+def list_examples() -> None:
+    """List the packaged examples (name, steps, what each shows)."""
+    table = Table(title="packaged example pipelines (airt run <name>)")
+    table.add_column("name", no_wrap=True)
+    table.add_column("steps", justify="right")
+    table.add_column("what it shows")
+    for example in all_examples():
+        table.add_row(example.name, str(example.steps), example.description)
+    out.print(table)
+
+
+@examples_app.command("show")
+def show(name: Annotated[str, typer.Argument(help="Example name (`airt examples list`).")]) -> None:
+    """Print an example's YAML."""
+    example = find_example(name)
+    if example is None:
+        raise _invalid(_unknown(name))
+    out.print(example.text(), end="", highlight=False, markup=False, soft_wrap=True)
+
+
+@examples_app.command("copy")
+def copy(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Examples to copy (default: all of them).")
+    ] = None,
+    dest: Annotated[
+        Path, typer.Option("--to", help="Directory to write them to (created if missing).")
+    ] = Path("."),
+) -> None:
+    """Copy examples out as editable YAML files (never overwrites a file)."""
+    chosen = []
+    for name in names or [e.name for e in all_examples()]:
+        example = find_example(name)
+        if example is None:
+            raise _invalid(_unknown(name))
+        chosen.append(example)
+    if dest.exists() and not dest.is_dir():
+        raise _invalid(f"--to: {dest} exists and is not a directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    for example in chosen:
+        try:
+            written = copy_example(example, dest)
+        except FileExistsError as exc:
+            raise _invalid(f"{exc} (not overwritten)") from None
+        out.print(str(written), highlight=False)
+
+
+def _unknown(name: str) -> str:
+    known = ", ".join(e.name for e in all_examples())
+    return f"no packaged example is called {name!r} (examples: {known})"
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(examples_app, name="examples")
