@@ -35,6 +35,8 @@ from airuntime.rbac import Authenticator
 console = Console(stderr=True)
 out = Console()
 
+EXIT_OK, EXIT_FAILED = 0, 1
+
 
 def _invalid(message: str) -> typer.Exit:
     console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
@@ -306,12 +308,30 @@ def demo(
     """Run `airt up` in the background, submit a pipeline as three tenants (shared,
     dedicated, hybrid), show scale-out happening, and print where each run ran."""
     doc = _pipeline_document(pipeline)
-    home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
-    env = {**os.environ, "AIRUNTIME_HOME": str(home), "COLUMNS": "120"}
-    env.pop(ENV_VAR, None)
     console.print(
         "[bold]1.[/bold] starting `airt up` (embedded Valkey + control plane + local scaler)"
     )
+    proc, state = _start_local_stack()
+    try:
+        console.print(
+            "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
+        )
+        submitted = _demo_submit(state, doc)
+        console.print(
+            "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
+        )
+        results = _demo_follow(state, submitted)
+    finally:
+        console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
+        _stop_local_stack(proc)
+    raise typer.Exit(EXIT_OK if _demo_report(submitted, results) else EXIT_FAILED)
+
+
+def _start_local_stack() -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """`airt up` in a private AIRUNTIME_HOME (own embedded Valkey); its state file."""
+    home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
+    env = {**os.environ, "AIRUNTIME_HOME": str(home), "COLUMNS": "120"}
+    env.pop(ENV_VAR, None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "airuntime.cli", "up", "--port", "0"],
         env=env,
@@ -319,89 +339,97 @@ def demo(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    try:
-        state_path = home / "up.json"
-        deadline = time.monotonic() + 60
-        while not state_path.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise _invalid(f"airt up did not start: {err[-2000:]}")
-            time.sleep(0.1)
-        state = json.loads(state_path.read_text())
-        base = state["api_url"]
-        submitted: dict[str, str] = {}
-        console.print(
-            "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
+    state_path = home / "up.json"
+    deadline = time.monotonic() + 60
+    while not state_path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_local_stack(proc)
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise _invalid(f"airt up did not start: {err[-2000:]}")
+        time.sleep(0.1)
+    return proc, json.loads(state_path.read_text())
+
+
+def _stop_local_stack(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _demo_submit(state: dict[str, Any], doc: Any) -> dict[str, str]:
+    submitted: dict[str, str] = {}
+    for tenant, mode in DEMO_TENANTS:
+        r = _api(
+            "POST", f"{state['api_url']}/v1/runs", state["tokens"][tenant], json={"pipeline": doc}
         )
-        for tenant, mode in DEMO_TENANTS:
-            headers = {"authorization": f"Bearer {state['tokens'][tenant]}"}
-            r = httpx.post(
-                f"{base}/v1/runs", json={"pipeline": doc}, headers=headers, timeout=60
-            ).json()
-            submitted[tenant] = r["shared_run_id"]
-            console.print(f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}")
-        console.print(
-            "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
-        )
-        results: dict[str, dict[str, Any]] = {}
-        seen: dict[str, str] = {}
-        deadline = time.monotonic() + 180
-        while len(results) < len(submitted) and time.monotonic() < deadline:
-            for tenant, srid in submitted.items():
-                if tenant in results:
-                    continue
-                headers = {"authorization": f"Bearer {state['tokens'][tenant]}"}
-                body = httpx.get(f"{base}/v1/runs/{srid}", headers=headers, timeout=30).json()
-                label = f"{body['status']} {(body.get('run') or {}).get('status', '')}".strip()
-                if seen.get(tenant) != label:
-                    seen[tenant] = label
-                    console.print(f"   {tenant:9} {label} {body.get('assigned_instance_id') or ''}")
-                if (body.get("run") or {}).get("status") in ("completed", "failed", "cancelled"):
-                    results[tenant] = body
-            time.sleep(0.2)
-        table = Table(title="where each run ran")
-        for col in ("tenant", "mode", "runtime instance", "run", "steps"):
-            table.add_column(col, no_wrap=True)
-        for tenant, mode in DEMO_TENANTS:
-            body = results.get(tenant, {})
-            run = body.get("run") or {}
-            ex = body.get("execution") or {}
-            table.add_row(
-                tenant,
-                mode,
-                body.get("assigned_instance_id") or "-",
-                run.get("status", "unfinished"),
-                f"{ex.get('completed', 0)}/{ex.get('total', '?')}",
+        submitted[tenant] = r["shared_run_id"]
+        console.print(f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}")
+    return submitted
+
+
+def _demo_follow(
+    state: dict[str, Any], submitted: dict[str, str], timeout_s: float = 180
+) -> dict[str, dict[str, Any]]:
+    """Poll each run until it ends, printing every change of its state."""
+    results: dict[str, dict[str, Any]] = {}
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(submitted) and time.monotonic() < deadline:
+        for tenant, srid in submitted.items():
+            if tenant in results:
+                continue
+            body = _api(
+                "GET", f"{state['api_url']}/v1/runs/{srid}", state["tokens"][tenant], timeout=30
             )
-        out.print(table)
-        for tenant, _ in DEMO_TENANTS:
-            body = results.get(tenant, {})
-            out.print(
-                f"{tenant}: shared run {submitted[tenant]}, run {body.get('run_id') or '-'}, "
-                f"execution {body.get('execution_id') or '-'}",
-                soft_wrap=True,
-                highlight=False,
-            )
-        completed = sum(
-            1 for b in results.values() if (b.get("run") or {}).get("status") == "completed"
+            label = f"{body['status']} {(body.get('run') or {}).get('status', '')}".strip()
+            if seen.get(tenant) != label:
+                seen[tenant] = label
+                console.print(f"   {tenant:9} {label} {body.get('assigned_instance_id') or ''}")
+            if (body.get("run") or {}).get("status") in ("completed", "failed", "cancelled"):
+                results[tenant] = body
+        time.sleep(0.2)
+    return results
+
+
+def _demo_report(submitted: dict[str, str], results: dict[str, dict[str, Any]]) -> bool:
+    """Print where each run ran; the last line says whether the demo succeeded."""
+    table = Table(title="where each run ran")
+    for col in ("tenant", "mode", "runtime instance", "run", "steps"):
+        table.add_column(col, no_wrap=True)
+    for tenant, mode in DEMO_TENANTS:
+        body = results.get(tenant, {})
+        ex = body.get("execution") or {}
+        table.add_row(
+            tenant,
+            mode,
+            body.get("assigned_instance_id") or "-",
+            (body.get("run") or {}).get("status", "unfinished"),
+            f"{ex.get('completed', 0)}/{ex.get('total', '?')}",
         )
-        ok = completed == len(submitted)
+    out.print(table)
+    for tenant, _ in DEMO_TENANTS:
+        body = results.get(tenant, {})
         out.print(
-            f"demo: {completed} of {len(submitted)} runs completed, each on its tenant's runtime"
-            if ok
-            else f"demo: only {completed} of {len(submitted)} runs completed",
+            f"{tenant}: shared run {submitted[tenant]}, run {body.get('run_id') or '-'}, "
+            f"execution {body.get('execution_id') or '-'}",
+            soft_wrap=True,
             highlight=False,
         )
-    finally:
-        console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    raise typer.Exit(0 if ok else 1)
+    completed = sum(
+        1 for b in results.values() if (b.get("run") or {}).get("status") == "completed"
+    )
+    ok = completed == len(submitted)
+    out.print(
+        f"demo: {completed} of {len(submitted)} runs completed, each on its tenant's runtime"
+        if ok
+        else f"demo: only {completed} of {len(submitted)} runs completed",
+        highlight=False,
+    )
+    return ok
 
 
 def _pipeline_document(argument: str) -> Any:
