@@ -2,7 +2,7 @@
 
 Run ``python -m benchmarks.dag_throughput [--json] [--redis-url URL]`` from the
 repository root. Without ``--redis-url`` one embedded Valkey
-(:class:`airuntime.embedded.EmbeddedServer`) is started for the whole run and every
+(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and every
 system uses it; airuntime keeps its executions in the URL's database, Celery uses
 databases 1 (broker) and 2 (results) of the same server. The whole run takes well
 under a minute on a 2-core machine, about half of it the Celery chord. Each
@@ -47,7 +47,7 @@ single run is noisy (a few ms of scheduling on 2 cores is several percent).
   reports that lag, which is inside the measured window (null if only one process
   claimed anything before the run ended).
 * ``redis_calls_per_step`` = sum of ``round_trips`` the worker processes print on
-  exit (:class:`airuntime.redis_client.CountingRedis`: each command or pipeline the
+  exit (:class:`airuntime.core.redis_client.CountingRedis`: each command or pipeline the
   client sends counts once; an EVALSHA counts once whatever the script does inside)
   / steps. It includes each process's set-up reads (plan, inputs, info).
 * ``redis_cpu_us_per_step`` = delta of ``used_cpu_user + used_cpu_sys`` from
@@ -116,11 +116,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
-from airuntime import keys
-from airuntime.embedded import ENV_VAR, EmbeddedServer
-from airuntime.execution_store import ExecutionStore
-from airuntime.pipeline import Plan, compile_pipeline, parse_pipeline
-from airuntime.redis_client import connect
+from airuntime.core import keys
+from airuntime.core.redis_client import connect
+from airuntime.devstack.embedded import ENV_VAR, EmbeddedServer
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.pipeline import Plan, compile_pipeline, parse_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER_PROCESSES = 2

@@ -2,7 +2,7 @@
 
 Run ``python -m benchmarks.dispatch [--json] [--runs N] [--redis-url URL --flush]``
 from the repository root. Without ``--redis-url`` a private embedded Valkey
-(:class:`airuntime.embedded.EmbeddedServer`) is started; the database is flushed
+(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started; the database is flushed
 before each scenario. The whole run takes 25-45 s on a 2-core machine (the paced
 scenario alone lasts runs / rate = 10 s by default).
 
@@ -12,7 +12,7 @@ Set-up (one process, everything real except the process boundary)
   (``runtime-instance-1..3``), each with 64 run slots (``max_concurrent_runs``), 64
   workers, 1 worker per execution, a local queue of ``2 x runs`` and assistance off,
   reached through the ``local`` provider (the control plane's in-process transport);
-* one :class:`~airuntime.control_plane.ControlPlane` with the **background pump**
+* one :class:`~airuntime.control_plane.service.ControlPlane` with the **background pump**
   (readiness gate, batches of 100, 50 ms idle wait), QueueFirst submit, scale-out off;
 * ``--runs`` (default 1,000) shared runs of a one-step ``noop`` pipeline, tenant
   ``default``. Every run goes through the whole path: shared run store, Redis shared
@@ -66,11 +66,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.context import ExecutionContextSnapshot
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.embedded import EmbeddedServer
-from airuntime.shared_runs import SharedRun, SharedRunStatus
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus
+from airuntime.core import keys
+from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.devstack.embedded import EmbeddedServer
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 

@@ -50,8 +50,8 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL
-from airuntime.embedded import EmbeddedServer
+from airuntime.devstack.embedded import EmbeddedServer
+from airuntime.k8s.v1alpha1 import API_GROUP, API_VERSION, RUNTIME_POOL
 from airuntime_operator import OperatorSettings, build_registry
 from tests.k8s_env import KubeTestEnv
 from tests.operator.conftest import install_crds

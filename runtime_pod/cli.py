@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from airuntime.embedded import ENV_VAR
-from airuntime.redis_client import connect
-from airuntime.registry import Registry
-from airuntime.tenancy import IsolationMode
+from airuntime.core.redis_client import connect
+from airuntime.devstack.embedded import ENV_VAR
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.settings_store import SettingsError, SettingsStore, default_settings_path

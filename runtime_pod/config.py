@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from airuntime.tenancy import IsolationMode, TenantSettings
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 

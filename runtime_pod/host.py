@@ -26,9 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.discovery import resolve_control_plane_id
-from airuntime.handlers import HandlerRegistry
+from airuntime.core import keys
+from airuntime.engine.handlers import HandlerRegistry
+from airuntime.fleet.discovery import resolve_control_plane_id
 from runtime_pod.config import InstanceConfig
 from runtime_pod.instance import InstanceHooks, RunRefused, RuntimeInstance
 from runtime_pod.metrics import RuntimeMetrics

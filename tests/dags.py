@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from airuntime.handlers import HandlerRegistry
-from airuntime.pipeline import Plan, compile_pipeline, parse_pipeline
+from airuntime.engine.handlers import HandlerRegistry
+from airuntime.engine.pipeline import Plan, compile_pipeline, parse_pipeline
 
 
 def plan_of(

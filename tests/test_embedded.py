@@ -1,4 +1,4 @@
-"""Tests for airuntime.embedded: the private Valkey/Redis server used by default."""
+"""Tests for airuntime.devstack.embedded: the private Valkey/Redis server used by default."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from airuntime import embedded
-from airuntime.embedded import (
+from airuntime.devstack import embedded
+from airuntime.devstack.embedded import (
     ENV_VAR,
     EmbeddedServer,
     EmbeddedServerError,
@@ -403,7 +403,7 @@ def test_server_survives_exit_of_the_thread_that_started_it() -> None:
 CHILD_SCRIPT = textwrap.dedent(
     """\
     import asyncio, os, signal, sys, time
-    from airuntime.embedded import EmbeddedServer, redis_for_process
+    from airuntime.devstack.embedded import EmbeddedServer, redis_for_process
 
     mode = sys.argv[1]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from airuntime.registry import InstanceDescriptor, Registry
+from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime_operator.kube import KubeApi, load_configuration
 from airuntime_operator.settings import OperatorSettings
 

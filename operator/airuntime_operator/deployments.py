@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from airuntime.crds import OPERATOR_MANAGED_ENV, RUNTIME_POOL, RuntimePoolSpec
-from airuntime.tenancy import TenantSettings
+from airuntime.fleet.tenancy import TenantSettings
+from airuntime.k8s.v1alpha1 import OPERATOR_MANAGED_ENV, RUNTIME_POOL, RuntimePoolSpec
 
 __all__ = [
     "COMPONENT",

@@ -28,7 +28,13 @@ from typing import Any, Final
 
 import kopf
 
-from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL, SCALE_OUT_REQUEST, ScaleOutPhase
+from airuntime.k8s.v1alpha1 import (
+    API_GROUP,
+    API_VERSION,
+    RUNTIME_POOL,
+    SCALE_OUT_REQUEST,
+    ScaleOutPhase,
+)
 from airuntime_operator import deployments, pools, scaleout
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kube import ApiError, Kind

@@ -6,7 +6,7 @@ Why this module: it holds *what happens* to a pool -- the kopf wiring in
 * its children (ServiceAccount, live-settings ConfigMap, headless Service,
   Deployment), written with server-side apply, so an unchanged spec writes nothing
   and a changed pod template rolls the Deployment;
-* its tenant settings in Redis (:meth:`airuntime.registry.Registry.put_tenant`);
+* its tenant settings in Redis (:meth:`airuntime.fleet.registry.Registry.put_tenant`);
 * a status: desired/ready replicas, the registry's visible instances, conditions.
 
 Deleting a pool (behind kopf's finalizer) removes its children, its tenant settings
@@ -23,8 +23,8 @@ from typing import Any, Final
 import kopf
 from pydantic import ValidationError
 
-from airuntime.crds import RUNTIME_POOL, RuntimePoolSpec
-from airuntime.registry import InstanceDescriptor, InstanceStatus
+from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
+from airuntime.k8s.v1alpha1 import RUNTIME_POOL, RuntimePoolSpec
 from airuntime_operator import deployments
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kube import (

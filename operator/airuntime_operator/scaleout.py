@@ -27,8 +27,8 @@ from typing import Any, Final
 import kopf
 from pydantic import ValidationError
 
-from airuntime.crds import SCALE_OUT_REQUEST, ScaleOutPhase
-from airuntime.registry import InstanceStatus
+from airuntime.fleet.registry import InstanceStatus
+from airuntime.k8s.v1alpha1 import SCALE_OUT_REQUEST, ScaleOutPhase
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kube import ApiError, Kind
 from airuntime_operator.pools import POOL_KIND, api_failure, parse_spec

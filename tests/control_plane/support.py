@@ -18,11 +18,16 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from airuntime.context import ExecutionContextSnapshot, current_context
-from airuntime.control_plane import ControlPlane
-from airuntime.registry import CapacityDescriptor, InstanceDescriptor, InstanceStatus, Registry
-from airuntime.runs import RunRequest
-from airuntime.tenancy import IsolationMode, TenantSettings
+from airuntime.control_plane.service import ControlPlane
+from airuntime.core.context import ExecutionContextSnapshot, current_context
+from airuntime.fleet.registry import (
+    CapacityDescriptor,
+    InstanceDescriptor,
+    InstanceStatus,
+    Registry,
+)
+from airuntime.fleet.runs import RunRequest
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 from runtime_pod.host import RuntimeHost
 
 T = TypeVar("T")

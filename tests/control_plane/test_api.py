@@ -15,10 +15,11 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.api import create_app
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.control_plane_metrics import ControlPlaneMetrics
-from airuntime.rbac import Authenticator, TokenEntry
+from airuntime.control_plane.api import create_app
+from airuntime.control_plane.metrics import ControlPlaneMetrics
+from airuntime.control_plane.rbac import Authenticator, TokenEntry
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 

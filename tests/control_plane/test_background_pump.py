@@ -15,10 +15,11 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.dispatch import DispatchResult
-from airuntime.registry import InstanceDescriptor, InstanceStatus, Registry
-from airuntime.shared_runs import SharedRunStatus
+from airuntime.control_plane.dispatch import DispatchResult
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.admission import AdmissionResult, Decision
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.registry import Registry
-from airuntime.runs import RunRequest
-from airuntime.scale_out import FulfilledRunRequeuer, ScaleOutPhase
-from airuntime.shared_runs import ClaimedItem, SharedRunStatus
-from airuntime.tenancy import TenantSettings
+from airuntime.control_plane.admission import AdmissionResult, Decision
+from airuntime.control_plane.scale_out import FulfilledRunRequeuer, ScaleOutPhase
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import ClaimedItem, SharedRunStatus
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.runs import RunRequest
+from airuntime.fleet.tenancy import TenantSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RuntimeInstance

@@ -16,12 +16,13 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.admission import Decision
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.handlers import HandlerRegistry, StepContext
-from airuntime.registry import CapacityDescriptor, Registry
-from airuntime.shared_runs import SharedRunStatus
+from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core import keys
+from airuntime.engine.handlers import HandlerRegistry, StepContext
+from airuntime.fleet.registry import CapacityDescriptor, Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

@@ -16,11 +16,12 @@ from collections import Counter
 import pytest
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.context import ExecutionContextSnapshot
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.runs import RunRequest
-from airuntime.shared_runs import SharedQueue, SharedRunStatus
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedQueue, SharedRunStatus
+from airuntime.core import keys
+from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.fleet.runs import RunRequest
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RuntimeInstance

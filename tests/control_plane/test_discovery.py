@@ -6,10 +6,11 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.discovery import read_control_plane, resolve_control_plane_id
-from airuntime.registry import Registry
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.core import keys
+from airuntime.fleet.discovery import read_control_plane, resolve_control_plane_id
+from airuntime.fleet.registry import Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 

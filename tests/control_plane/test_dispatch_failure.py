@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.admission import AdmissionResult, Decision
-from airuntime.context import ExecutionContextSnapshot, current_context, use_context
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.providers import DeliveryError
-from airuntime.registry import Registry
-from airuntime.shared_runs import SharedRunStatus
-from airuntime.tenancy import IsolationMode
+from airuntime.control_plane.admission import AdmissionResult, Decision
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core import keys
+from airuntime.core.context import ExecutionContextSnapshot, current_context, use_context
+from airuntime.fleet.providers import DeliveryError
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

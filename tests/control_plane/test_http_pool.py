@@ -15,10 +15,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.admission import Reservation
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.registry import InstanceDescriptor
+from airuntime.control_plane.admission import Reservation
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.core import keys
+from airuntime.fleet.registry import InstanceDescriptor
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

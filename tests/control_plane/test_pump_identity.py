@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.admission import Decision
-from airuntime.context import ExecutionContextSnapshot, current_context, use_context
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.registry import InstanceDescriptor, Registry
-from airuntime.shared_runs import SharedRunStatus
-from airuntime.tenancy import IsolationMode, TenantSettings
+from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core.context import ExecutionContextSnapshot, current_context, use_context
+from airuntime.fleet.registry import InstanceDescriptor, Registry
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

@@ -22,11 +22,12 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings, SubmitMode
-from airuntime.registry import Registry
-from airuntime.scale_out import LocalScaler, ScaleOutPhase, ScaleOutWatcher
-from airuntime.shared_runs import SharedRunStatus
-from airuntime.tenancy import TenantSettings, default_settings
+from airuntime.control_plane.scale_out import LocalScaler, ScaleOutPhase, ScaleOutWatcher
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import TenantSettings, default_settings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
@@ -137,7 +138,7 @@ async def test_direct_dispatch_without_capacity_scales_out_requeues_and_complete
 
 
 async def shared_runs_on(redis: Redis, instance_id: str) -> int:
-    from airuntime.run_index import RunIndex
+    from airuntime.fleet.run_index import RunIndex
 
     count = 0
     for tenant in ("default", "tenant-a", "tenant-b"):

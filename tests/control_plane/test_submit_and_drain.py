@@ -13,18 +13,18 @@ from contextlib import AsyncExitStack
 import pytest
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.admission import Decision
-from airuntime.control_plane import (
+from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.scale_out import ScaleOutPhase
+from airuntime.control_plane.service import (
     ControlPlane,
     ControlPlaneError,
     ControlPlaneSettings,
     SubmitMode,
 )
-from airuntime.registry import Registry
-from airuntime.scale_out import ScaleOutPhase
-from airuntime.shared_runs import SharedRunStatus
-from airuntime.tenancy import TenantSettings
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core import keys
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import TenantSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

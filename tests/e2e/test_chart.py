@@ -349,7 +349,7 @@ def test_in_cluster_valkey_secret_points_at_the_valkey_service(
 
 
 def test_runtime_pools_are_rendered_from_values(render: Callable[..., list[Doc]]) -> None:
-    from airuntime.crds import RUNTIME_POOL, RuntimePoolSpec
+    from airuntime.k8s.v1alpha1 import RUNTIME_POOL, RuntimePoolSpec
 
     pools = {p["metadata"]["name"]: p for p in objects(render(EVERYTHING), "RuntimePool")}
     assert sorted(pools) == ["shared", "tenant-a"]
@@ -537,7 +537,7 @@ def _literal_env(container: Doc) -> dict[str, str]:
 
 
 def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) -> None:
-    from airuntime.cli_control import control_plane
+    from airuntime.cli.control import control_plane
 
     hints = typing.get_type_hints(control_plane, include_extras=True)
     read: set[str] = set()
@@ -575,7 +575,7 @@ def test_operator_env_is_read_by_operator_settings(rendered: list[Doc]) -> None:
 
 
 def test_tenants_file_is_valid_for_the_control_plane(render: Callable[..., list[Doc]]) -> None:
-    from airuntime.local_stack import TenantsFile
+    from airuntime.devstack.local_stack import TenantsFile
 
     data = one(render(None), "ConfigMap", "rel-airuntime-tenants")["data"]["tenants.yaml"]
     tenants = TenantsFile.model_validate(yaml.safe_load(data)).tenants
@@ -586,7 +586,7 @@ def test_tenants_file_is_valid_for_the_control_plane(render: Callable[..., list[
 def test_tokens_file_is_valid_for_the_control_plane(
     render: Callable[..., list[Doc]], values: Doc | None, tmp_path: Path
 ) -> None:
-    from airuntime.rbac import Authenticator
+    from airuntime.control_plane.rbac import Authenticator
 
     secret = one(render(values), "Secret", "rel-airuntime-tokens")
     path = tmp_path / "tokens.yaml"
@@ -619,7 +619,7 @@ def test_existing_tokens_secret_is_mounted_not_rendered(render: Callable[..., li
 def test_service_monitor_scrapes_the_control_plane_and_runtime_pods(
     render: Callable[..., list[Doc]],
 ) -> None:
-    from airuntime.crds import RuntimePoolSpec
+    from airuntime.k8s.v1alpha1 import RuntimePoolSpec
     from airuntime_operator import deployments
 
     docs = render(EVERYTHING)
@@ -716,7 +716,7 @@ def test_dashboard_metrics_exist_in_the_code() -> None:
     """Every airuntime_* name the dashboard queries is registered by some process."""
     board = json.loads((CHART / "dashboards" / "airuntime.json").read_text())
     source = "".join(
-        p.read_text() for d in ("airuntime", "runtime_pod") for p in (REPO_ROOT / d).glob("*.py")
+        p.read_text() for d in ("airuntime", "runtime_pod") for p in (REPO_ROOT / d).rglob("*.py")
     )
     for expr in dashboard_exprs(board):
         for name in re.findall(r"airuntime_[a-z_]+", expr):

@@ -225,7 +225,7 @@ def private_valkey() -> Iterator[str]:
     """A Valkey of this module alone: the suite's shared ``valkey_url`` server may hold
     other tests' queued runs, Pending scale-out requests and tenant settings, which the
     control plane would pick up."""
-    from airuntime.embedded import EmbeddedServer
+    from airuntime.devstack.embedded import EmbeddedServer
 
     server = EmbeddedServer()
     server.start()
@@ -286,8 +286,8 @@ def test_scale_out_went_through_scale_out_request_resources(stack: Stack) -> Non
     provider and Fulfilled by the operator with the instance the run then went to."""
     import redis
 
-    from airuntime import keys
-    from airuntime.scale_out import ScaleOutRequest
+    from airuntime.control_plane.scale_out import ScaleOutRequest
+    from airuntime.core import keys
 
     requests = stack.list_custom("scaleoutrequests")
     by_tenant = {r["spec"]["tenantId"]: r for r in requests}
@@ -319,7 +319,7 @@ def test_scale_out_went_through_scale_out_request_resources(stack: Stack) -> Non
 async def _registry_instances(redis_url: str, prefix: str) -> list[str]:
     from redis.asyncio import Redis
 
-    from airuntime.registry import Registry
+    from airuntime.fleet.registry import Registry
 
     redis = Redis.from_url(redis_url)
     try:

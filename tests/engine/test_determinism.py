@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from airuntime.execution_store import ExecutionStore
-from airuntime.handlers import HandlerRegistry, StepContext
-from airuntime.worker_pool import PoolSettings, WorkerPool
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.handlers import HandlerRegistry, StepContext
+from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from tests.conftest import RedisServerInfo
 from tests.dags import plan_of
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-import airuntime.handlers as handlers_module
-from airuntime.handlers import (
+import airuntime.engine.handlers as handlers_module
+from airuntime.engine.handlers import (
     BUILTIN_ENTRY_POINTS,
     HandlerRegistry,
     StepCancelled,

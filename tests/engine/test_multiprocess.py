@@ -14,7 +14,7 @@ from collections import Counter
 
 from redis.asyncio import Redis
 
-from airuntime.execution_store import ExecutionStore
+from airuntime.engine.execution_store import ExecutionStore
 from tests.conftest import RedisServerInfo
 from tests.dags import plan_of, random_dag
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from airuntime.handlers import BUILTIN_ENTRY_POINTS, HandlerRegistry
-from airuntime.pipeline import (
+from airuntime.engine.handlers import BUILTIN_ENTRY_POINTS, HandlerRegistry
+from airuntime.engine.pipeline import (
     ConcurrencySpec,
     Pipeline,
     PipelineError,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airuntime.references import (
+from airuntime.engine.references import (
     Reference,
     ReferenceResolutionError,
     ReferenceSyntaxError,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airuntime.pipeline import RetryPolicy
-from airuntime.retry import jitter_fraction, retry_delay_s, should_retry
+from airuntime.engine.pipeline import RetryPolicy
+from airuntime.engine.retry import jitter_fraction, retry_delay_s, should_retry
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.concurrency import ConcurrencyContext, ConcurrencyLeases
-from airuntime.execution_store import ExecutionStore
-from airuntime.handlers import HandlerRegistry, StepContext
-from airuntime.worker_pool import PoolSettings, WorkerPool
+from airuntime.engine.concurrency import ConcurrencyContext, ConcurrencyLeases
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.handlers import HandlerRegistry, StepContext
+from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from tests.dags import fan, plan_of
 
 THROTTLE = [{"match": {"provider": "openai"}, "limit": 2, "lease_ttl_s": 30}]

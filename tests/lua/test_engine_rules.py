@@ -12,15 +12,15 @@ from collections import Counter
 import pytest
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.errors import (
+from airuntime.core import keys
+from airuntime.core.errors import (
     ExecutionExists,
     ExecutionNotFound,
     ExecutionTerminal,
     InvalidTransition,
     StepNotFound,
 )
-from airuntime.execution_store import ExecutionStore
+from airuntime.engine.execution_store import ExecutionStore
 from tests.dags import chain, fan, plan_of
 
 

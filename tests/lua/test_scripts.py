@@ -9,8 +9,8 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime import __version__
-from airuntime.errors import ScriptError
-from airuntime.scripts import LUA_DIR, ScriptLibrary, library, load_script
+from airuntime.core.errors import ScriptError
+from airuntime.core.scripts import LUA_DIR, ScriptLibrary, library, load_script
 
 SCRIPTS = sorted(LUA_DIR.glob("*.lua"))
 

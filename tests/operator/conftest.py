@@ -28,7 +28,7 @@ from kopf.testing import KopfRunner
 from kubernetes import client, config
 from redis.asyncio import Redis
 
-from airuntime.registry import Registry
+from airuntime.fleet.registry import Registry
 from airuntime_operator import OperatorSettings, build_registry
 from tests.k8s_env import REPO_ROOT, KubeBinariesUnavailable, KubeTestEnv
 from tests.operator.k8s import Cluster, wait_until

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL, SCALE_OUT_REQUEST
+from airuntime.k8s.v1alpha1 import API_GROUP, API_VERSION, RUNTIME_POOL, SCALE_OUT_REQUEST
 
 T = TypeVar("T")
 

@@ -1,8 +1,8 @@
 """Runtime instances as the operator sees them: entries of the Redis registry.
 
 The real ``airt runtime`` process does not exist yet, so the tests register
-instances the way it will -- an :class:`~airuntime.registry.InstanceDescriptor`
-published with a TTL through :meth:`airuntime.registry.Registry.publish`. Tests
+instances the way it will -- an :class:`~airuntime.fleet.registry.InstanceDescriptor`
+published with a TTL through :meth:`airuntime.fleet.registry.Registry.publish`. Tests
 depend only on the :class:`RuntimeLauncher` protocol; a launcher that starts a real
 ``airt runtime`` with the environment of the pool's Deployment can replace
 :class:`PublishedRuntimes` without touching them.
@@ -16,8 +16,8 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from airuntime.registry import CapacityDescriptor, InstanceDescriptor, Registry
-from airuntime.tenancy import IsolationMode
+from airuntime.fleet.registry import CapacityDescriptor, InstanceDescriptor, Registry
+from airuntime.fleet.tenancy import IsolationMode
 
 HEARTBEAT_TTL_MS = 120_000
 

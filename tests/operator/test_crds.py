@@ -1,4 +1,4 @@
-"""The CRDs: generated from airuntime.crds, installed in a real API server, validating.
+"""The CRDs: generated from airuntime.k8s.v1alpha1, installed in a real API server, validating.
 
 Every invalid case is rejected by the API server itself (OpenAPI schema or CEL
 rule) with the offending field named in the message -- and, for specs, by the
@@ -17,8 +17,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from airuntime import crds
-from airuntime.crds import (
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from airuntime.k8s import v1alpha1 as crds
+from airuntime.k8s.v1alpha1 import (
     API_GROUP,
     API_VERSION,
     RUNTIME_POOL,
@@ -27,13 +28,12 @@ from airuntime.crds import (
     ScaleOutRequestSpec,
     TenantSettingsSnapshot,
 )
-from airuntime.tenancy import IsolationMode, TenantSettings
 from tests.operator.conftest import CRD_DIR
 from tests.operator.k8s import Cluster, api_error_message, pool_spec, request_spec, unique
 
 
 def test_checked_in_crds_are_the_generator_output() -> None:
-    assert crds.check_files(CRD_DIR) == [], "run: python -m airuntime.crds --out crds/"
+    assert crds.check_files(CRD_DIR) == [], "run: python -m airuntime.k8s.v1alpha1 --out crds/"
     assert sorted(p.name for p in CRD_DIR.glob("*.yaml")) == sorted(crds.render_files())
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airuntime.crds import OPERATOR_MANAGED_ENV, RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import OPERATOR_MANAGED_ENV, RuntimePoolSpec
 from airuntime_operator import deployments
 from airuntime_operator.deployments import PoolRef
 from tests.operator.k8s import pool_spec

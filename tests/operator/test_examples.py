@@ -8,7 +8,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from airuntime.crds import RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import RuntimePoolSpec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "kubernetes").glob("*.yaml"))
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from airuntime.crds import API_GROUP, API_VERSION, RUNTIME_POOL
-from airuntime.registry import Registry
-from airuntime.tenancy import IsolationMode
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import IsolationMode
+from airuntime.k8s.v1alpha1 import API_GROUP, API_VERSION, RUNTIME_POOL
 from tests.operator.k8s import Cluster, eventually, pool_spec, unique
 from tests.operator.runtimes import RuntimeLauncher, RuntimeSpec
 

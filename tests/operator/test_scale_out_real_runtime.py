@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from airuntime.registry import Registry
+from airuntime.fleet.registry import Registry
 from tests.e2e.cluster import POD_IP, LocalContainer, PodIdentity, pod_name
 from tests.operator.k8s import Cluster, eventually, pool_spec, request_spec, unique
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.execution_store import ExecutionStore
-from airuntime.handlers import HandlerRegistry
-from airuntime.registry import Registry
-from airuntime.run_index import RunIndex
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.handlers import HandlerRegistry
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.run_index import RunIndex
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import InstanceHooks, RuntimeInstance

@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from airuntime.context import ExecutionContextSnapshot, current_context
-from airuntime.execution_store import LedgerEvent
-from airuntime.handlers import HandlerRegistry, StepContext
-from airuntime.registry import InstanceDescriptor
-from airuntime.runs import RunRequest
+from airuntime.core.context import ExecutionContextSnapshot, current_context
+from airuntime.engine.execution_store import LedgerEvent
+from airuntime.engine.handlers import HandlerRegistry, StepContext
+from airuntime.fleet.registry import InstanceDescriptor
+from airuntime.fleet.runs import RunRequest
 from runtime_pod.instance import RuntimeInstance
 
 DEADLINE_S = 20.0

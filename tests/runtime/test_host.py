@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.providers import HttpProvider, LocalProvider, RedisProvider, RuntimeProvider
-from airuntime.registry import InstanceDescriptor
+from airuntime.core import keys
+from airuntime.fleet.providers import HttpProvider, LocalProvider, RedisProvider, RuntimeProvider
+from airuntime.fleet.registry import InstanceDescriptor
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RunRefused
 from tests.runtime.conftest import MakeHost, Runtime

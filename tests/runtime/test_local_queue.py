@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.context import current_context
-from airuntime.runs import RunStatus
+from airuntime.core import keys
+from airuntime.core.context import current_context
+from airuntime.fleet.runs import RunStatus
 from runtime_pod.instance import RunRefused
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import HeartbeatProbe, pipeline, request, snapshot

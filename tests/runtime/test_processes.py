@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airuntime import keys
-from airuntime.providers import RedisProvider
+from airuntime.core import keys
+from airuntime.fleet.providers import RedisProvider
 from tests.conftest import RedisServerInfo
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import (

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from airuntime.handlers import HandlerRegistry
-from airuntime.registry import InstanceDescriptor
-from airuntime.runs import RunStatus
-from airuntime.tenancy import IsolationMode, TenantSettings
+from airuntime.engine.handlers import HandlerRegistry
+from airuntime.fleet.registry import InstanceDescriptor
+from airuntime.fleet.runs import RunStatus
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import (
     DEADLINE_S,

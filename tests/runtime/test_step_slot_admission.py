@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from airuntime.tenancy import TenantSettings
+from airuntime.fleet.tenancy import TenantSettings
 from runtime_pod.settings_store import SettingsStore
 from runtime_pod.step_slots import StepSlot, StepSlotController
 from tests.conftest import RedisServerInfo

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from airuntime import keys
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings
-from airuntime.registry import Registry
-from airuntime.runs import RunRequest, RunStatus
-from airuntime.shared_runs import SharedRunStatus
-from airuntime.tenancy import IsolationMode
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core import keys
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.runs import RunRequest, RunStatus
+from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

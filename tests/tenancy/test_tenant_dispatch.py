@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.admission import Decision
-from airuntime.control_plane import ControlPlane, ControlPlaneSettings, SubmitMode
-from airuntime.registry import Registry
-from airuntime.shared_runs import SharedRunStatus
-from airuntime.tenancy import IsolationMode
+from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (

@@ -1,6 +1,6 @@
 """Tenant visibility of runtime instances (DESIGN §5 "Tenancy", reference 000_*).
 
-The rules, first as a table over :func:`airuntime.tenancy.is_visible`, then through
+The rules, first as a table over :func:`airuntime.fleet.tenancy.is_visible`, then through
 the real Redis registry (``list_visible``) and dispatch-time admission, which only
 ever sees what the restored snapshot's tenant may see.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.admission import Admission, Decision
-from airuntime.context import use_context
-from airuntime.registry import Registry
-from airuntime.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
+from airuntime.control_plane.admission import Admission, Decision
+from airuntime.core.context import use_context
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
 from runtime_pod.config import InstanceConfig
 from tests.control_plane.support import TENANT_A, TENANT_B, descriptor, publish, snap
 

@@ -1,0 +1,111 @@
+"""Loads the Lua scripts, resolves their includes and calls them by EVALSHA.
+
+Scripts live in ``airuntime/lua/<verbNoun>-<numKeys>.lua`` (the BullMQ convention):
+the key count in the file name is checked on every call, shared functions live in
+``lua/includes/<name>.lua`` and are pulled in with ``--- @include "name"`` (each at
+most once per script; cycles are reported with file and line). Every script gets a
+first line naming the airuntime version, so two releases sharing one Redis never run
+each other's code (their SHAs differ). A server that lost its script cache answers
+NOSCRIPT; the script is loaded again and the call retried once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+from airuntime import __version__
+from airuntime.core.errors import ScriptError
+
+LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+_NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]+)-(?P<keys>\d+)\.lua$")
+_INCLUDE = re.compile(r'^---\s*@include\s+"(?P<name>[A-Za-z0-9_]+)"\s*$')
+
+KeyArg = str | bytes
+Arg = str | bytes | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    name: str
+    num_keys: int
+    source: str
+    sha: str
+
+
+def _expand(path: Path, includes_dir: Path, seen: set[str], stack: list[str]) -> list[str]:
+    out: list[str] = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _INCLUDE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        name = m.group("name")
+        if name in stack:
+            chain = " -> ".join([*stack, name])
+            raise ScriptError(f"{path.name}:{lineno}: include cycle {chain}")
+        if name in seen:
+            continue
+        target = includes_dir / f"{name}.lua"
+        if not target.exists():
+            raise ScriptError(f"{path.name}:{lineno}: include {name!r} not found in {includes_dir}")
+        seen.add(name)
+        out.extend(_expand(target, includes_dir, seen, [*stack, name]))
+    return out
+
+
+def load_script(path: Path) -> LuaScript:
+    m = _NAME.match(path.name)
+    if not m:
+        raise ScriptError(f"Lua script file name {path.name!r} is not <verbNoun>-<numKeys>.lua.")
+    name = m.group("name")
+    body = "\n".join(_expand(path, path.parent / "includes", set(), [path.stem]))
+    source = f"-- airuntime {__version__} {name}\n{body}\n"
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    return LuaScript(name=name, num_keys=int(m.group("keys")), source=source, sha=sha)
+
+
+class ScriptLibrary:
+    """The scripts of one directory, callable by name."""
+
+    def __init__(self, directory: Path = LUA_DIR) -> None:
+        self.scripts: dict[str, LuaScript] = {}
+        for path in sorted(directory.glob("*.lua")):
+            script = load_script(path)
+            if script.name in self.scripts:
+                raise ScriptError(f"Two Lua scripts are named {script.name!r} in {directory}.")
+            self.scripts[script.name] = script
+
+    def __getitem__(self, name: str) -> LuaScript:
+        try:
+            return self.scripts[name]
+        except KeyError:
+            raise ScriptError(f"No Lua script named {name!r}.") from None
+
+    async def call(
+        self, redis: Redis, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
+    ) -> Any:
+        script = self[name]
+        if len(keys) != script.num_keys:
+            raise ScriptError(
+                f"Lua script {name!r} takes {script.num_keys} keys, was called with {len(keys)}."
+            )
+        try:
+            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
+        except NoScriptError:
+            await redis.script_load(script.source)
+            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
+
+
+@cache
+def library() -> ScriptLibrary:
+    """The package's own scripts (loaded once per process)."""
+    return ScriptLibrary()

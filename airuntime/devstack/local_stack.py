@@ -1,0 +1,165 @@
+"""``airt up``: the whole system on one machine, in one command.
+
+Starts (or uses) Redis — by default a private embedded Valkey —, loads the tenant
+settings file into the tenant settings store, runs the control plane with its
+background pump, scale-out watcher, requeuer and the ``local`` scale-out provider
+(which starts ``airt runtime`` processes per tenant prefix on demand), and serves the
+HTTP API. It writes a state file (``$AIRUNTIME_HOME/up.json``: Redis URL, API URL,
+one development token per tenant) so ``airt submit``/``drain``/``runs`` find it.
+Ctrl-C stops everything, runtime processes included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from airuntime.control_plane.api import create_app
+from airuntime.control_plane.metrics import ControlPlaneMetrics
+from airuntime.control_plane.rbac import Authenticator, TokenEntry
+from airuntime.control_plane.scale_out import LocalScaler, ScaleOutProvider
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.core.errors import ConfigError
+from airuntime.core.redis_client import connect
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import TenantSettings
+
+
+class TenantsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenants: list[TenantSettings]
+
+
+def airuntime_home() -> Path:
+    return Path(os.environ.get("AIRUNTIME_HOME") or Path.home() / ".airuntime")
+
+
+def state_file() -> Path:
+    return airuntime_home() / "up.json"
+
+
+def default_tenants_text() -> str:
+    return resources.files("airuntime.devstack").joinpath("default_tenants.yaml").read_text()
+
+
+def load_tenants(path: Path | None) -> list[TenantSettings]:
+    """Tenant settings from YAML; errors name the file, the entry and the field."""
+    source = str(path) if path else "airuntime/devstack/default_tenants.yaml"
+    try:
+        text = path.read_text() if path else default_tenants_text()
+        data = yaml.safe_load(text)
+        return TenantsFile.model_validate(data).tenants
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{source}: {loc}: {err['msg']} (value={err.get('input')!r})") from None
+
+
+async def publish_tenants(registry: Registry, tenants: list[TenantSettings]) -> None:
+    for t in tenants:
+        await registry.put_tenant(t)
+
+
+async def serve_control_plane(
+    redis_url: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8780,
+    settings: ControlPlaneSettings | None = None,
+    tenants: list[TenantSettings] | None = None,
+    auth: Authenticator | None = None,
+    local_scaler: bool = True,
+    scale_out_provider: ScaleOutProvider | None = None,
+    state: dict[str, Any] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the control plane and its API until ``stop`` is set (or SIGINT/SIGTERM)."""
+    redis = connect(redis_url, client_name="airt-control-plane")
+    scaler = scale_out_provider or (LocalScaler(redis, redis_url) if local_scaler else None)
+    cp = ControlPlane(redis, settings, scale_out_provider=scaler)
+    metrics = ControlPlaneMetrics(cp.queue, cp.scale_outs)
+    cp.dispatcher.observer = metrics.observe
+    if tenants:
+        await publish_tenants(cp.registry, tenants)
+    if auth is None:
+        tokens = {t.tenant_id: f"dev-{t.tenant_id}-{secrets.token_hex(8)}" for t in tenants or []}
+        auth = Authenticator(
+            [
+                TokenEntry(token=tok, user=f"dev-{tid}", tenant=tid, roles=["operator"])
+                for tid, tok in tokens.items()
+            ]
+        )
+        if state is not None:
+            state["tokens"] = tokens
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(cp, auth, metrics), host=host, port=port, log_level="warning", lifespan="off"
+        )
+    )
+    await cp.start()
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():
+                serving.result()
+                raise ConfigError(f"the API server could not start on {host}:{port}")
+            await asyncio.sleep(0.01)
+        sock = server.servers[0].sockets[0]
+        bound_host, bound_port = sock.getsockname()[:2]
+        if state is not None:
+            state.update(
+                {
+                    "redis_url": redis_url,
+                    "api_url": f"http://{bound_host}:{bound_port}",
+                    "pid": os.getpid(),
+                }
+            )
+            path = state_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state, indent=2))
+            tmp.chmod(0o600)
+            tmp.replace(path)
+        await stop.wait()
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await serving
+        await cp.stop()
+        if state is not None:
+            with contextlib.suppress(FileNotFoundError):
+                state_file().unlink()
+        await redis.aclose()
+
+
+def read_state() -> dict[str, Any]:
+    path = state_file()
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no local stack is running ({path} not found): start one with `airt up`"
+        ) from None
+    return data

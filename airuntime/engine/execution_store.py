@@ -1,0 +1,404 @@
+"""Typed Python face of the execution Lua scripts.
+
+The state of an execution lives in Redis and changes only through the scripts in
+``airuntime/lua``; this module turns their flat replies into dataclasses and their
+negative codes into the exceptions of :mod:`airuntime.core.errors`. It holds no state of
+its own, so any number of stores in any number of processes may drive one execution.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from airuntime.core import keys
+from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.errors import ExecutionNotFound, ScriptError, error_for
+from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.engine.pipeline import Plan
+
+TERMINAL_STATUSES = frozenset({"Succeeded", "Failed", "Cancelled"})
+DEFAULT_RETENTION_S = 7 * 24 * 3600
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _i(value: Any) -> int:
+    return int(value.decode() if isinstance(value, bytes) else value)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Ownership of one step: present ``token`` to complete or fail it."""
+
+    execution_id: str
+    step_id: str
+    token: str
+    attempt: int
+    ref_outputs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    status: str
+    wake_ms: int
+    throttled_ready: int
+    claims: list[Claim]
+    recovered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionResult:
+    status: str
+    readied: int
+    codes: list[int]
+    throttled_ready: int = 0
+    claims: list[Claim] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class FailResult:
+    status: str
+    outcome: Literal["retry", "failed"]
+    attempt: int
+    next_retry_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverResult:
+    status: str
+    promoted: int
+    recovered: int
+    wake_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionInfo:
+    execution_id: str
+    pipeline_id: str
+    status: str
+    tenant_id: str
+    total: int
+    done: int
+    completed: int
+    failed: int
+    skipped: int
+    cancelled: int
+    running: int
+    created_at_ms: int
+    finished_at_ms: int | None
+    context: ExecutionContextSnapshot | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEvent:
+    id: str
+    type: str
+    fields: dict[str, str]
+
+    def get(self, name: str, default: str = "") -> str:
+        return self.fields.get(name, default)
+
+
+def _parse_claims(
+    execution_id: str, reply: Sequence[Any], start: int, count: int
+) -> tuple[list[Claim], int]:
+    claims: list[Claim] = []
+    i = start
+    for _ in range(count):
+        step, token, attempt, nrefs = (
+            _s(reply[i]),
+            _s(reply[i + 1]),
+            _i(reply[i + 2]),
+            _i(reply[i + 3]),
+        )
+        i += 4
+        outs: dict[str, Any] = {}
+        for _ in range(nrefs):
+            outs[_s(reply[i])] = json.loads(reply[i + 1])
+            i += 2
+        claims.append(Claim(execution_id, step, token, attempt, outs))
+    return claims, i
+
+
+class ExecutionStore:
+    """Create, claim, complete, fail, control and read executions in Redis."""
+
+    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
+        self.redis = redis
+        self.scripts = scripts or library()
+
+    async def _call(self, name: str, execution_id: str, args: Sequence[Any]) -> Any:
+        reply = await self.scripts.call(
+            self.redis, name, keys.execution_keys(execution_id).all(), args
+        )
+        if isinstance(reply, list) and reply and isinstance(reply[0], int) and reply[0] == -1:
+            raise error_for(-1, execution_id=execution_id)
+        return reply
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def create(
+        self,
+        plan: Plan,
+        *,
+        execution_id: str | None = None,
+        context: ExecutionContextSnapshot | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        retention_s: int = DEFAULT_RETENTION_S,
+    ) -> str:
+        """Write a new execution (idempotent for the same id and plan) and return its id."""
+        eid = execution_id or f"ex-{uuid.uuid4().hex}"
+        run_inputs = {**plan.inputs, **(inputs or {})}
+        args: list[Any] = [
+            eid,
+            plan.to_json(),
+            plan.digest,
+            plan.pipeline_id,
+            plan.failure_policy,
+            retention_s,
+            context.tenant_id if context else "",
+            context.model_dump_json() if context else "",
+            json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
+            len(plan.steps),
+        ]
+        for step in plan.steps:
+            kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
+            args += [
+                step.id,
+                step.order,
+                len(step.deps),
+                ",".join(step.children),
+                ",".join(step.refs),
+                kind,
+                step.retry.max_attempts,
+            ]
+        reply = await self._call("createExecution", eid, args)
+        if reply[0] == -9:
+            raise error_for(-9, execution_id=eid)
+        now = int(time.time() * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.executions_index(), {eid: now}, nx=True)
+        pipe.zadd(keys.active_executions(), {eid: now}, nx=True)
+        await pipe.execute()
+        return eid
+
+    async def claim(
+        self, execution_id: str, owner: str, count: int, lease_ms: int, move_limit: int = 256
+    ) -> ClaimBatch:
+        reply = await self._call("claimSteps", execution_id, [owner, count, lease_ms, move_limit])
+        status, wake, n, throttled = _s(reply[0]), _i(reply[1]), _i(reply[2]), _i(reply[3])
+        claims, _ = _parse_claims(execution_id, reply, 5, n)
+        return ClaimBatch(status, wake, throttled, claims, recovered=_i(reply[4]))
+
+    async def claim_step(
+        self, execution_id: str, owner: str, step_id: str, lease_ms: int, lease_holder: str = ""
+    ) -> Claim:
+        reply = await self._call(
+            "claimStep", execution_id, [owner, step_id, lease_ms, lease_holder]
+        )
+        code = _i(reply[0])
+        if code < 0:
+            detail = _s(reply[1]) if len(reply) > 1 else ""
+            raise error_for(code, execution_id=execution_id, step_id=step_id, detail=detail)
+        claims, _ = _parse_claims(execution_id, [step_id, *reply[1:]], 0, 1)
+        return claims[0]
+
+    async def complete(
+        self,
+        execution_id: str,
+        owner: str,
+        items: Sequence[tuple[str, str, str, str]],
+        *,
+        claim_next: int = 0,
+        lease_ms: int = 30_000,
+    ) -> CompletionResult:
+        """Complete ``(step, token, worker, output_json)`` items; optionally claim up to
+        ``claim_next`` more steps for ``owner`` in the same round trip."""
+        args: list[Any] = [owner, claim_next, lease_ms]
+        for step, token, worker, output in items:
+            args += [step, token, worker, output]
+        reply = await self._call("completeSteps", execution_id, args)
+        n = _i(reply[2])
+        codes = [_i(c) for c in reply[3 : 3 + n]]
+        throttled, claimed = _i(reply[3 + n]), _i(reply[4 + n])
+        claims, _ = _parse_claims(execution_id, reply, 5 + n, claimed)
+        return CompletionResult(_s(reply[0]), _i(reply[1]), codes, throttled, claims)
+
+    async def fail(
+        self,
+        execution_id: str,
+        worker: str,
+        step_id: str,
+        token: str,
+        error: str,
+        *,
+        retryable: bool = True,
+        delay_ms: int = 0,
+    ) -> FailResult:
+        reply = await self._call(
+            "failStep",
+            execution_id,
+            [
+                worker,
+                step_id,
+                token,
+                error[:4000],
+                "1" if retryable else "0",
+                max(0, int(delay_ms)),
+            ],
+        )
+        if isinstance(reply[0], int) and reply[0] < 0:
+            raise error_for(_i(reply[0]), execution_id=execution_id, step_id=step_id)
+        outcome = _s(reply[1])
+        if outcome not in ("retry", "failed"):
+            raise ScriptError(f"failStep returned unknown outcome {outcome!r}")
+        return FailResult(_s(reply[0]), outcome, _i(reply[2]), _i(reply[3]))  # type: ignore[arg-type]
+
+    async def renew(
+        self, execution_id: str, lease_ms: int, items: Sequence[tuple[str, str]]
+    ) -> list[bool]:
+        args: list[Any] = [lease_ms]
+        for step, token in items:
+            args += [step, token]
+        reply = await self._call("renewClaims", execution_id, args)
+        return [_i(c) == 1 for c in reply[1:]]
+
+    async def recover(self, execution_id: str, limit: int = 1000) -> RecoverResult:
+        reply = await self._call("recoverStale", execution_id, [limit])
+        return RecoverResult(_s(reply[0]), _i(reply[1]), _i(reply[2]), _i(reply[3]))
+
+    async def _control(self, execution_id: str, action: str, actor: str) -> str:
+        reply = await self._call("controlExecution", execution_id, [action, actor])
+        code = _i(reply[0])
+        if code < 0:
+            raise error_for(code, execution_id=execution_id, detail=_s(reply[1]))
+        return _s(reply[1])
+
+    async def pause(self, execution_id: str, actor: str = "") -> str:
+        return await self._control(execution_id, "pause", actor)
+
+    async def resume(self, execution_id: str, actor: str = "") -> str:
+        return await self._control(execution_id, "resume", actor)
+
+    async def cancel(self, execution_id: str, actor: str = "") -> str:
+        return await self._control(execution_id, "cancel", actor)
+
+    async def provide_input(
+        self, execution_id: str, step_id: str, value: Any, actor: str = ""
+    ) -> str:
+        reply = await self._call(
+            "provideInput", execution_id, [step_id, json.dumps(value, separators=(",", ":")), actor]
+        )
+        code = _i(reply[0])
+        if code < 0:
+            detail = _s(reply[1]) if len(reply) > 1 else ""
+            raise error_for(code, execution_id=execution_id, step_id=step_id, detail=detail)
+        return _s(reply[1])
+
+    async def finalize(self, execution_id: str) -> str | None:
+        """Finalize if terminal (idempotent); the terminal status, or None if still active."""
+        reply = await self._call("finalizeExecution", execution_id, [])
+        if _i(reply[0]) == 1:
+            await self.redis.zrem(keys.active_executions(), execution_id)
+            return _s(reply[1])
+        return None
+
+    # -- reads ---------------------------------------------------------------------
+
+    async def info(self, execution_id: str) -> ExecutionInfo:
+        raw = await self.redis.hgetall(keys.execution_keys(execution_id).meta)
+        if not raw:
+            raise ExecutionNotFound(
+                f"Execution {execution_id} does not exist.", execution_id=execution_id
+            )
+        m = {_s(k): _s(v) for k, v in raw.items()}
+        ctx = (
+            ExecutionContextSnapshot.model_validate_json(m["context"]) if m.get("context") else None
+        )
+        return ExecutionInfo(
+            execution_id=execution_id,
+            pipeline_id=m.get("pipeline_id", ""),
+            status=m.get("status", ""),
+            tenant_id=m.get("tenant_id", ""),
+            total=int(m.get("total", 0)),
+            done=int(m.get("done", 0)),
+            completed=int(m.get("completed", 0)),
+            failed=int(m.get("failed", 0)),
+            skipped=int(m.get("skipped", 0)),
+            cancelled=int(m.get("cancelled", 0)),
+            running=int(m.get("running", 0)),
+            created_at_ms=int(m.get("created_at", 0)),
+            finished_at_ms=int(m["finished_at"]) if m.get("finished_at") else None,
+            context=ctx,
+        )
+
+    async def step_states(self, execution_id: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(keys.execution_keys(execution_id).status)
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    async def load_plan(self, execution_id: str) -> Plan:
+        raw = await self.redis.get(keys.execution_keys(execution_id).plan)
+        if raw is None:
+            raise ExecutionNotFound(
+                f"Execution {execution_id} does not exist.", execution_id=execution_id
+            )
+        return Plan.from_json(_s(raw))
+
+    async def run_inputs(self, execution_id: str) -> dict[str, Any]:
+        raw = await self.redis.hget(keys.execution_keys(execution_id).meta, "inputs")
+        return dict(json.loads(raw)) if raw else {}
+
+    async def snapshot(self, execution_id: str) -> dict[str, Any] | None:
+        """The terminal snapshot written at finalization, or None while active."""
+        raw = await self.redis.get(keys.execution_keys(execution_id).snapshot)
+        return dict(json.loads(raw)) if raw else None
+
+    async def events(
+        self, execution_id: str, after: str = "-", count: int | None = None
+    ) -> list[LedgerEvent]:
+        raw: Any = await self.redis.xrange(
+            keys.execution_keys(execution_id).events, min=after, count=count
+        )
+        out: list[LedgerEvent] = []
+        for eid, fields in raw:
+            f = {_s(k): _s(v) for k, v in fields.items()}
+            out.append(LedgerEvent(_s(eid), f.get("type", ""), f))
+        return out
+
+    async def wait_terminal(self, execution_id: str, timeout_s: float | None = None) -> str:
+        """Block until the execution is finalized (follows the ledger with XREAD BLOCK)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        stream = keys.execution_keys(execution_id).events
+        last = "0-0"
+        while True:
+            info = await self.info(execution_id)
+            if info.terminal:
+                return info.status
+            block_ms = 1000
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"Execution {execution_id} is still {info.status}.")
+                block_ms = max(1, min(block_ms, int(left * 1000)))
+            reply: Any = await self.redis.xread({stream: last}, block=block_ms, count=1000)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = _s(entry_id)
+                    if _s(fields.get(b"type", fields.get("type", b""))) == "execution_finalized":
+                        return await self._terminal_status(execution_id)
+
+    async def _terminal_status(self, execution_id: str) -> str:
+        return _s(await self.redis.hget(keys.execution_keys(execution_id).meta, "terminal"))

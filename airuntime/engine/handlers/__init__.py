@@ -1,0 +1,300 @@
+"""Step handlers: the code a worker runs for one attempt of one step.
+
+A handler is a plain callable taking a :class:`StepContext` and returning a JSON-serialisable
+output, either ``def h(ctx) -> Any`` or ``async def h(ctx) -> Any``.  Handlers are looked up
+by name (the ``uses`` field of a step) in a :class:`HandlerRegistry`.  The default registry
+is filled from ``@handler("name")`` decorations and, lazily, from the ``airuntime.engine.handlers``
+entry-point group, so third-party packages add handlers just by being installed.
+
+:func:`invoke` is the one place that calls a handler: coroutine functions are awaited on the
+event loop, everything else runs in a shared thread pool so a blocking handler never stalls
+the worker's loop (and its lease heartbeats).
+
+Raise :class:`TransientError` for failures worth retrying, :class:`StepFailed` for failures
+that no retry can fix, and :class:`StepCancelled` after noticing ``ctx.cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import difflib
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, TypeVar
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Handler",
+    "HandlerError",
+    "HandlerRegistry",
+    "StepCancelled",
+    "StepContext",
+    "StepFailed",
+    "TransientError",
+    "UnknownHandlerError",
+    "default_registry",
+    "handler",
+    "invoke",
+    "is_async_handler",
+    "shared_executor",
+]
+
+ENTRY_POINT_GROUP = "airuntime.handlers"
+
+#: The built-in handlers, as declared in pyproject.toml.  Registered as a fallback so they are
+#: available even when airuntime runs from a source tree without installed metadata.
+BUILTIN_ENTRY_POINTS: dict[str, str] = {
+    "noop": "airuntime.engine.handlers.builtin:noop",
+    "sleep": "airuntime.engine.handlers.builtin:sleep",
+    "echo": "airuntime.engine.handlers.builtin:echo",
+    "template": "airuntime.engine.handlers.builtin:template",
+    "python": "airuntime.engine.handlers.builtin:python_call",
+    "http": "airuntime.engine.handlers.builtin:http_request",
+    "input": "airuntime.engine.handlers.builtin:input_step",
+    "fail": "airuntime.engine.handlers.builtin:flaky",
+}
+
+
+class HandlerError(Exception):
+    """Base class of the exceptions handlers raise on purpose."""
+
+
+class TransientError(HandlerError):
+    """A failure that may go away: the engine retries while the step's retry policy allows."""
+
+
+class StepFailed(HandlerError):
+    """A permanent failure: retrying cannot help, the step fails right away."""
+
+    non_retryable = True
+
+
+class StepCancelled(HandlerError):
+    """The handler noticed ``ctx.cancelled`` and stopped early (not retried)."""
+
+    non_retryable = True
+
+
+class UnknownHandlerError(LookupError):
+    """No handler is registered under the requested name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        hint = difflib.get_close_matches(name, known, n=1)
+        did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+        super().__init__(
+            f"unknown handler {name!r} (known: {', '.join(known) or 'none'}){did_you_mean}"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class StepContext:
+    """Everything a handler gets for one attempt of one step."""
+
+    execution_id: str
+    step_id: str
+    attempt: int
+    inputs: Any
+    pipeline_id: str
+    tenant_id: str | None = None
+    #: Set by the engine when the execution is cancelled or the lease is lost.  Async
+    #: handlers can ``await`` it; sync handlers (in a thread) can poll ``is_set()``.
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+Handler = Callable[[StepContext], Any]
+_H = TypeVar("_H", bound=Callable[..., Any])
+
+
+class HandlerRegistry:
+    """Name -> handler.
+
+    Explicit :meth:`register` calls win over entry points.  :meth:`load_entry_points` only
+    records entry points (``name -> "module:attr"``); the module is imported the first time
+    the handler is fetched with :meth:`get`, so listing names never imports plugin code.
+    With ``autoload=True`` entry points are loaded on the first lookup.
+    """
+
+    def __init__(
+        self,
+        *,
+        autoload: bool = False,
+        group: str = ENTRY_POINT_GROUP,
+        include_builtins: bool = True,
+    ) -> None:
+        self._group = group
+        self._autoload = autoload
+        self._include_builtins = include_builtins
+        self._handlers: dict[str, Handler] = {}
+        self._lazy: dict[str, EntryPoint] = {}
+        self._ambiguous: dict[str, list[str]] = {}
+        self._entry_points_loaded = False
+        self._lock = threading.RLock()
+
+    # -- registration ---------------------------------------------------------------------
+    def register(self, name: str, fn: Handler, *, replace: bool = False) -> Handler:
+        """Register ``fn`` as ``name``.  Registering a different callable under a taken name
+        raises ``ValueError`` unless ``replace=True``; re-registering the same one is a no-op."""
+        if not name or not isinstance(name, str):
+            raise ValueError(f"handler name: must be a non-empty string (value={name!r})")
+        if not callable(fn):
+            raise TypeError(f"handler {name!r}: not callable (value={fn!r})")
+        with self._lock:
+            current = self._handlers.get(name)
+            if current is not None and current is not fn and not replace:
+                raise ValueError(
+                    f"handler {name!r} is already registered ({_qualname(current)}); "
+                    "pass replace=True to override"
+                )
+            self._handlers[name] = fn
+            self._lazy.pop(name, None)
+            self._ambiguous.pop(name, None)
+        return fn
+
+    def handler(self, name: str) -> Callable[[_H], _H]:
+        """Decorator form of :meth:`register`."""
+
+        def decorate(fn: _H) -> _H:
+            self.register(name, fn)
+            return fn
+
+        return decorate
+
+    def load_entry_points(self) -> None:
+        """Record the handlers of the entry-point group (once; later calls do nothing)."""
+        with self._lock:
+            if self._entry_points_loaded:
+                return
+            self._entry_points_loaded = True
+            found: dict[str, list[EntryPoint]] = {}
+            for ep in entry_points(group=self._group):
+                if not any(other.value == ep.value for other in found.get(ep.name, [])):
+                    found.setdefault(ep.name, []).append(ep)
+            if self._include_builtins and self._group == ENTRY_POINT_GROUP:
+                for name, value in BUILTIN_ENTRY_POINTS.items():
+                    if name not in found:
+                        found[name] = [EntryPoint(name=name, value=value, group=self._group)]
+            for name, eps in sorted(found.items()):
+                if name in self._handlers:
+                    continue
+                if len(eps) > 1:
+                    self._ambiguous[name] = sorted(ep.value for ep in eps)
+                self._lazy[name] = eps[0]
+
+    # -- lookup ---------------------------------------------------------------------------
+    def _maybe_autoload(self) -> None:
+        if self._autoload and not self._entry_points_loaded:
+            self.load_entry_points()
+
+    def get(self, name: str) -> Handler:
+        """The handler registered as ``name``; raises :class:`UnknownHandlerError`."""
+        fn = self._handlers.get(name)
+        if fn is not None:
+            return fn
+        self._maybe_autoload()
+        with self._lock:
+            fn = self._handlers.get(name)
+            if fn is not None:
+                return fn
+            if name in self._ambiguous:
+                raise LookupError(
+                    f"handler {name!r} is provided by several entry points: "
+                    f"{', '.join(self._ambiguous[name])}"
+                )
+            ep = self._lazy.get(name)
+            if ep is None:
+                raise UnknownHandlerError(name, self.names())
+            try:
+                loaded: Handler = ep.load()
+            except Exception as exc:
+                raise ImportError(
+                    f"handler {name!r}: cannot load entry point {ep.value}: {exc}"
+                ) from exc
+            if not callable(loaded):
+                raise TypeError(f"handler {name!r}: entry point {ep.value} is not callable")
+            self._handlers[name] = loaded
+            del self._lazy[name]
+            return loaded
+
+    def names(self) -> list[str]:
+        """Sorted names of every known handler (loaded or not)."""
+        self._maybe_autoload()
+        with self._lock:
+            return sorted({*self._handlers, *self._lazy})
+
+    def __contains__(self, name: object) -> bool:
+        self._maybe_autoload()
+        return name in self._handlers or name in self._lazy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+
+def _qualname(fn: Any) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+_DEFAULT_REGISTRY = HandlerRegistry(autoload=True)
+
+
+def default_registry() -> HandlerRegistry:
+    """The process-wide registry: ``@handler`` registrations plus entry points."""
+    return _DEFAULT_REGISTRY
+
+
+def handler(name: str) -> Callable[[_H], _H]:
+    """``@handler("name")``: register the decorated function in the default registry."""
+    return _DEFAULT_REGISTRY.handler(name)
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def shared_executor() -> ThreadPoolExecutor:
+    """The thread pool that runs sync handlers (created on first use)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(thread_name_prefix="airuntime-handler")
+        return _executor
+
+
+def is_async_handler(fn: Callable[..., Any]) -> bool:
+    """True for coroutine functions, partials of them and objects with ``async __call__``."""
+    if isinstance(fn, functools.partial):
+        return is_async_handler(fn.func)
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return inspect.iscoroutinefunction(type(fn).__call__)
+
+
+async def invoke(fn: Handler, ctx: StepContext, executor: Executor | None = None) -> Any:
+    """Run one handler attempt and return its output.
+
+    Async handlers are awaited on the running loop; sync handlers run in ``executor`` (the
+    :func:`shared_executor` by default) with the caller's context variables.  If a sync
+    handler returns an awaitable it is awaited on the loop.
+    """
+    if is_async_handler(fn):
+        return await fn(ctx)
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    result = await loop.run_in_executor(executor or shared_executor(), context.run, fn, ctx)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

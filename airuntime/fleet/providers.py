@@ -1,0 +1,141 @@
+"""How a run request reaches a runtime instance's local queue: one narrow interface.
+
+Three transports, one contract (:class:`RuntimeProvider`): deliver a
+:class:`~airuntime.fleet.runs.RunRequest` to one instance and get its ``RunId`` back, or a
+:class:`DeliveryError` saying why the instance refused (queue full, paused, bad
+request) or could not be reached. Delivery is idempotent by SharedRunId on the
+instance side, so a retried delivery never creates a second run.
+
+* ``local`` — an instance object in this process (tests, ``airt up`` child hosts).
+* ``redis`` — the instance's Redis stream inbox; the reply comes back on a list.
+* ``http`` — ``POST {endpoint}/v1/instances/{id}/runs``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Protocol
+
+import httpx
+from redis.asyncio import Redis
+
+from airuntime.core import keys
+from airuntime.core.errors import AirError
+from airuntime.fleet.registry import InstanceDescriptor
+from airuntime.fleet.runs import RunRequest
+
+
+class DeliveryError(AirError):
+    """The instance refused the run or could not be reached; ``reason`` is a short code."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class AcceptsRuns(Protocol):
+    instance_id: str
+
+    async def accept(self, request: RunRequest) -> str: ...
+
+
+class RuntimeProvider(Protocol):
+    name: str
+
+    async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str: ...
+
+
+class LocalProvider:
+    """Instances living in this process, by id."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.instances: dict[str, AcceptsRuns] = {}
+
+    def add(self, instance: AcceptsRuns) -> None:
+        self.instances[instance.instance_id] = instance
+
+    def remove(self, instance_id: str) -> None:
+        self.instances.pop(instance_id, None)
+
+    async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
+        target = self.instances.get(instance.instance_id)
+        if target is None:
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} is not hosted in this process.",
+                reason="unreachable",
+            )
+        return await target.accept(request)
+
+
+class RedisProvider:
+    """Delivers through ``air:instance:<id>:inbox`` and waits for the reply."""
+
+    name = "redis"
+
+    def __init__(self, redis: Redis, timeout_s: float = 10.0) -> None:
+        self.redis = redis
+        self.timeout_s = timeout_s
+
+    async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
+        reply_to = f"{keys.PREFIX}:reply:{uuid.uuid4().hex}"
+        await self.redis.xadd(
+            keys.instance_inbox(instance.instance_id),
+            {"request": request.model_dump_json(), "reply_to": reply_to},
+            maxlen=10_000,
+            approximate=True,
+        )
+        got: Any = await self.redis.blpop([reply_to], timeout=self.timeout_s)
+        if got is None:
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} did not answer in {self.timeout_s} s.",
+                reason="timeout",
+            )
+        return _parse_reply(instance.instance_id, json.loads(got[1]))
+
+
+class HttpProvider:
+    """Delivers with ``POST {endpoint}/v1/instances/{id}/runs``."""
+
+    name = "http"
+
+    def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+        self.client = client or httpx.AsyncClient(timeout=timeout_s)
+
+    async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
+        if not instance.endpoint:
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} has no HTTP endpoint.",
+                reason="unreachable",
+            )
+        url = f"{instance.endpoint.rstrip('/')}/v1/instances/{instance.instance_id}/runs"
+        try:
+            resp = await self.client.post(
+                url, content=request.model_dump_json(), headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} unreachable: {exc}", reason="unreachable"
+            ) from None
+        return _parse_reply(instance.instance_id, resp.json())
+
+
+def _parse_reply(instance_id: str, body: dict[str, Any]) -> str:
+    if "run_id" in body:
+        return str(body["run_id"])
+    raise DeliveryError(
+        f"Runtime instance {instance_id} refused the run: {body.get('error', body)}",
+        reason=str(body.get("reason", "refused")),
+    )
+
+
+def provider_for(name: str, *, redis: Redis, local: LocalProvider | None = None) -> RuntimeProvider:
+    if name == "redis":
+        return RedisProvider(redis)
+    if name == "http":
+        return HttpProvider()
+    if name == "local":
+        return local or LocalProvider()
+    raise ValueError(f"unknown runtime provider {name!r} (known: local, redis, http)")

@@ -1,0 +1,196 @@
+"""Runtime instance registry, capacity descriptors and tenant settings in Redis.
+
+Runtime instances register themselves and publish a capacity descriptor on every
+heartbeat; the descriptor key carries a TTL, so a crashed instance disappears by
+itself. The control plane's admission, the pump's readiness gate, ``airt
+instances`` and the operator's ``visibleInstances`` all read this one registry,
+always through the tenant visibility rules of :mod:`airuntime.fleet.tenancy` when a
+tenant is asking.
+
+Keys (see :mod:`airuntime.core.keys`):
+
+* ``air:instances`` zset: instance id -> heartbeat expiry (ms). Entries whose score
+  is in the past are ignored by readers and pruned on the next heartbeat.
+* ``air:instance:<id>`` string: the :class:`InstanceDescriptor` JSON, with PX TTL.
+* ``air:tenant:<id>:settings`` string: :class:`~airuntime.fleet.tenancy.TenantSettings` JSON.
+* ``air:tenants`` set: tenant ids with stored settings.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from airuntime.core import keys
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
+
+
+class InstanceStatus(StrEnum):
+    STARTING = "Starting"
+    READY = "Ready"
+    DRAINING = "Draining"
+
+
+class CapacityDescriptor(BaseModel):
+    """What an instance can take right now (DESIGN §5 "Capacity")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_count: int = Field(ge=0)
+    active_worker_count: int = Field(ge=0)
+    available_worker_count: int = Field(ge=0)
+    max_local_workers_per_execution: int = Field(ge=1)
+    queued_run_count: int = Field(ge=0)
+    running_run_count: int = Field(ge=0)
+    active_run_count: int = Field(ge=0)
+    queue_capacity: int = Field(ge=0)
+    max_concurrent_runs: int = Field(ge=0)
+    available_run_slots: int = Field(ge=0)
+    is_queue_paused: bool
+    can_accept_run: bool
+    snapshot_at_ms: int
+
+    @staticmethod
+    def compute(
+        *,
+        worker_count: int,
+        active_worker_count: int,
+        max_local_workers_per_execution: int,
+        queued_run_count: int,
+        running_run_count: int,
+        queue_capacity: int,
+        max_concurrent_runs: int,
+        is_queue_paused: bool,
+    ) -> CapacityDescriptor:
+        """Derive the availability fields: CanAcceptRun = not paused and queue has room
+        and a run slot is free and a worker is free."""
+        available_workers = max(0, worker_count - active_worker_count)
+        active_runs = queued_run_count + running_run_count
+        slots = max(0, max_concurrent_runs - running_run_count)
+        queue_room = queued_run_count < queue_capacity
+        return CapacityDescriptor(
+            worker_count=worker_count,
+            active_worker_count=active_worker_count,
+            available_worker_count=available_workers,
+            max_local_workers_per_execution=max_local_workers_per_execution,
+            queued_run_count=queued_run_count,
+            running_run_count=running_run_count,
+            active_run_count=active_runs,
+            queue_capacity=queue_capacity,
+            max_concurrent_runs=max_concurrent_runs,
+            available_run_slots=slots,
+            is_queue_paused=is_queue_paused,
+            can_accept_run=(
+                not is_queue_paused and queue_room and slots > 0 and available_workers > 0
+            ),
+            snapshot_at_ms=int(time.time() * 1000),
+        )
+
+
+class InstanceDescriptor(BaseModel):
+    """A registered runtime instance: identity, ownership, provider, capacity."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance_id: str
+    role: str = "runtime"
+    status: InstanceStatus = InstanceStatus.READY
+    heartbeat_at_ms: int
+    provider: str = "redis"
+    endpoint: str = ""
+    host: str = ""
+    tenant_id: str | None = None
+    tenant_group_id: str | None = None
+    isolation_mode: IsolationMode = IsolationMode.SHARED
+    prefer_dedicated: bool = False
+    allow_shared_fallback: bool = True
+    runtime_prefix: str
+    capacity: CapacityDescriptor
+    control_plane_id: str | None = None
+    """Logical control plane the host resolved at startup (discovery), if any."""
+
+    def visible_to(self, tenant: TenantSettings) -> bool:
+        return is_visible(
+            tenant=tenant,
+            instance_mode=self.isolation_mode,
+            instance_tenant_id=self.tenant_id,
+            instance_tenant_group_id=self.tenant_group_id,
+        )
+
+
+class Registry:
+    """Reads and writes instance descriptors and tenant settings."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    # -- instances ---------------------------------------------------------------
+
+    async def publish(self, descriptor: InstanceDescriptor, ttl_ms: int) -> None:
+        """Register or refresh an instance (one round trip)."""
+        now = int(time.time() * 1000)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.instance(descriptor.instance_id), descriptor.model_dump_json(), px=ttl_ms)
+        pipe.zadd(keys.instances(), {descriptor.instance_id: now + ttl_ms})
+        pipe.zremrangebyscore(keys.instances(), "-inf", now - 1)
+        await pipe.execute()
+
+    async def unregister(self, instance_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.instance(instance_id))
+        pipe.zrem(keys.instances(), instance_id)
+        await pipe.execute()
+
+    async def get(self, instance_id: str) -> InstanceDescriptor | None:
+        raw = await self.redis.get(keys.instance(instance_id))
+        return InstanceDescriptor.model_validate_json(raw) if raw else None
+
+    async def list_all(self) -> list[InstanceDescriptor]:
+        """Every live instance, regardless of tenant (operators and admins only)."""
+        now = int(time.time() * 1000)
+        ids: list[Any] = await self.redis.zrangebyscore(keys.instances(), now, "+inf")
+        if not ids:
+            return []
+        raws = await self.redis.mget(
+            [keys.instance(i.decode() if isinstance(i, bytes) else i) for i in ids]
+        )
+        out = [InstanceDescriptor.model_validate_json(r) for r in raws if r]
+        return sorted(out, key=lambda d: d.instance_id)
+
+    async def list_visible(self, tenant: TenantSettings) -> list[InstanceDescriptor]:
+        """The instances ``tenant`` may use, see and dispatch onto."""
+        return [d for d in await self.list_all() if d.visible_to(tenant)]
+
+    async def list_by_prefix(self, prefix: str) -> list[InstanceDescriptor]:
+        return [d for d in await self.list_all() if d.runtime_prefix == prefix]
+
+    # -- tenant settings -------------------------------------------------------------
+
+    async def put_tenant(self, settings: TenantSettings) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json())
+        pipe.sadd(keys.tenants(), settings.tenant_id)
+        await pipe.execute()
+
+    async def delete_tenant(self, tenant_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.tenant_settings(tenant_id))
+        pipe.srem(keys.tenants(), tenant_id)
+        await pipe.execute()
+
+    async def tenant(self, tenant_id: str) -> TenantSettings:
+        """Stored settings of ``tenant_id``, or the Shared defaults when none are stored."""
+        raw = await self.redis.get(keys.tenant_settings(tenant_id))
+        if raw is None:
+            return default_settings(tenant_id)
+        return TenantSettings.model_validate_json(raw)
+
+    async def tenant_ids(self) -> list[str]:
+        return sorted(
+            m.decode() if isinstance(m, bytes) else m
+            for m in await self.redis.smembers(keys.tenants())
+        )
