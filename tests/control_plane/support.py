@@ -66,11 +66,12 @@ async def wait_for(
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last={last!r})")
 
 
-async def run_status(cp: ControlPlane, shared_run_id: str, tenant_id: str) -> str | None:
-    body = await cp.get(shared_run_id, tenant_id)
-    if body is None or "run" not in body:
-        return None
-    return str(body["run"]["status"])
+async def run_body(
+    cp: ControlPlane, shared_run_id: str, tenant_id: str | None
+) -> dict[str, Any] | None:
+    """The JSON ``GET /v1/runs/{id}`` returns to ``tenant_id`` (None: not visible)."""
+    details = await cp.get(shared_run_id, tenant_id)
+    return None if details is None else details.to_json()
 
 
 async def drain_until_finished(
@@ -88,7 +89,7 @@ async def drain_until_finished(
         for srid, tenant in runs.items():
             if srid in bodies:
                 continue
-            body = await cp.get(srid, tenant)
+            body = await run_body(cp, srid, tenant)
             assert body is not None
             if body.get("run", {}).get("status") in ("completed", "failed", "cancelled"):
                 bodies[srid] = body
@@ -104,7 +105,7 @@ async def wait_finished(
     """Wait (no draining here: a background pump or the test does it) for a terminal run."""
 
     async def probe() -> dict[str, Any] | None:
-        body = await cp.get(shared_run_id, tenant_id)
+        body = await run_body(cp, shared_run_id, tenant_id)
         if body is not None and body.get("run", {}).get("status") in (
             "completed",
             "failed",

@@ -18,7 +18,8 @@ from airuntime.control_plane.admission import AdmissionResult, Decision
 from airuntime.control_plane.scale_out import FulfilledRunRequeuer, ScaleOutPhase
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
-from airuntime.control_plane.shared_runs import ClaimedItem, SharedRunStatus
+from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus
+from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.runs import RunRequest
 from airuntime.fleet.tenancy import TenantSettings
@@ -29,6 +30,7 @@ from tests.control_plane.support import (
     TENANT_A,
     TINY_PIPELINE,
     drain_until_finished,
+    run_body,
     running_cp,
     running_host,
     snap,
@@ -56,7 +58,7 @@ async def test_cancelling_a_queued_run_takes_it_out_of_the_shared_queue(redis: R
         again = await cp.cancel(doomed.shared_run_id, "default")  # idempotent
         assert again is not None and again.status is SharedRunStatus.CANCELLED
 
-    body = await cp.get(doomed.shared_run_id, "default")
+    body = await run_body(cp, doomed.shared_run_id, "default")
     assert body is not None and body["status"] == "Cancelled"
     assert body["run_id"] is None and "run" not in body
     assert await cp.run_index.run_for_shared(doomed.shared_run_id) is None
@@ -97,9 +99,9 @@ async def test_cancel_racing_a_dispatch_is_not_lost(
     release_pump = asyncio.Event()
     real_settle = cp.queue.settle
 
-    async def settle(item: ClaimedItem, outcome: str, detail: str = "") -> bool:
+    async def settle(item: ClaimedItem, outcome: QueueItemStatus, detail: str = "") -> bool:
         ok = await real_settle(item, outcome, detail)
-        if outcome == "Dispatched" and moment == "after-settle":
+        if outcome is QueueItemStatus.DISPATCHED and moment == "after-settle":
             settled.set()
             await release_pump.wait()
         return ok
@@ -138,7 +140,7 @@ async def test_cancel_racing_a_dispatch_is_not_lost(
             record = await wait_for(terminal, timeout_s=10, what="the runtime run to end")
             assert record.status.value == "cancelled"
             assert record.execution_id is None  # it never started executing
-            body = await cp.get(srid, "default")
+            body = await run_body(cp, srid, "default")
             assert body is not None
             assert body["run"]["status"] == "cancelled"
             if moment == "delivery-in-flight":

@@ -27,6 +27,7 @@ from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
     drain_until_finished,
+    run_body,
     running_cp,
     running_host,
     snap,
@@ -128,8 +129,8 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
         assert stored is not None and stored.status is SharedRunStatus.QUEUED_GLOBALLY
 
         # While workers are held, each execution's running steps never exceed its share.
-        b1 = await cp.get(run1.shared_run_id, "default")
-        b2 = await cp.get(run2.shared_run_id, "default")
+        b1 = await run_body(cp, run1.shared_run_id, "default")
+        b2 = await run_body(cp, run2.shared_run_id, "default")
         assert b1 is not None and b2 is not None
         e1, e2 = b1["execution_id"], b2["execution_id"]
         assert await redis.zcard(keys.execution_keys(e1).running) == 3

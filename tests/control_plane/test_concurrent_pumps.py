@@ -18,7 +18,8 @@ from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
-from airuntime.control_plane.shared_runs import SharedQueue, SharedRunStatus
+from airuntime.control_plane.shared_queue import SharedQueue
+from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.fleet.runs import RunRequest

@@ -31,6 +31,7 @@ from tests.control_plane.support import (
     TENANT_A,
     TINY_PIPELINE,
     drain_until_finished,
+    run_body,
     running_cp,
     running_host,
     snap,
@@ -55,7 +56,7 @@ async def test_queue_first_submit_leaves_run_queued_globally_with_pending_item_a
         assert run.assigned_instance_id is None
         stored = await cp.runs.get(run.shared_run_id)
         assert stored is not None and stored.snapshot == snapshot  # snapshot persisted
-        body = await cp.get(run.shared_run_id, "tenant-a")
+        body = await run_body(cp, run.shared_run_id, "tenant-a")
         assert body is not None
         assert body["queue_item"]["status"] == "Pending"
         assert "run" not in body

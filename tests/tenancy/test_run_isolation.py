@@ -23,6 +23,7 @@ from tests.control_plane.support import (
     TENANT_A,
     TINY_PIPELINE,
     drain_until_finished,
+    run_body,
     running_cp,
     running_host,
     snap,
@@ -47,8 +48,8 @@ async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(redis: Redis) -
         srid = run.shared_run_id
 
         # Queued: tenant A sees it, tenant B gets "not found" and cannot cancel it.
-        assert (await cp.get(srid, "tenant-a")) is not None
-        assert await cp.get(srid, "tenant-b") is None
+        assert (await run_body(cp, srid, "tenant-a")) is not None
+        assert await run_body(cp, srid, "tenant-b") is None
         assert await cp.cancel(srid, "tenant-b") is None
         assert [r.shared_run_id for r in await cp.list("tenant-a")] == [srid]
         assert await cp.list("tenant-b") == []
@@ -61,9 +62,9 @@ async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(redis: Redis) -
         body_a = bodies[srid]
         assert body_a["assigned_instance_id"] == "tenant-a-runtime-1"
         assert body_a["run"]["status"] == "completed" and body_a["execution_id"]
-        assert await cp.get(srid, "tenant-b") is None
+        assert await run_body(cp, srid, "tenant-b") is None
         assert await cp.cancel(srid, "tenant-b") is None
-        after = await cp.get(srid, "tenant-a")
+        after = await run_body(cp, srid, "tenant-a")
         assert after is not None and after["run"]["status"] == "completed"
         assert after["reason"] is None  # B's cancel was never recorded
 
