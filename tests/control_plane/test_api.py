@@ -20,8 +20,12 @@ from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.fleet.providers import DeliveryError
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
+from tests.control_plane.support import TENANT_A, RecordingInstance, descriptor, publish
 
 PIPELINE = {"id": "api-test", "steps": [{"id": "a", "uses": "echo", "with": {"value": 1}}]}
 TOKENS = {
@@ -174,3 +178,50 @@ async def test_instances_settings_drain_metrics_and_openapi(api: Any) -> None:
     spec = (await client.get("/openapi.json")).json()
     assert "/v1/runs/{shared_run_id}/cancel" in spec["paths"]
     assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_drain_with_stop_on_failure_stops_at_the_first_failed_delivery(
+    api: Any, redis: Redis
+) -> None:
+    """tenant-a's only runtime refuses every delivery. A drain asked to stop on failure
+    stops at tenant-a's run and leaves the default tenant's run behind it queued; the
+    default drain goes on and dispatches it."""
+    client, cp = api
+    await Registry(redis).put_tenant(TENANT_A)
+    broken = RecordingInstance("tenant-a-runtime-1", fail=DeliveryError("refused", reason="paused"))
+    cp.local.add(broken)
+    await publish(
+        redis,
+        descriptor(
+            "tenant-a-runtime-1",
+            isolation_mode=IsolationMode.DEDICATED,
+            tenant_id="tenant-a",
+            runtime_prefix="tenant-a-runtime",
+        ),
+    )
+    submitted = [
+        (await client.post("/v1/runs", json={"pipeline": PIPELINE}, headers=auth(who))).json()
+        for who in ("alice-a", "admin-x")
+    ]
+    failing, behind = (s["shared_run_id"] for s in submitted)
+
+    stopped = await client.post(
+        "/v1/queue/drain", json={"stop_on_failure": True}, headers=auth("alice-a")
+    )
+    assert stopped.status_code == 200, stopped.text
+    assert {k: v for k, v in stopped.json().items() if k != "seconds"} == {
+        "dispatched": 0,
+        "failed": 1,
+        "cycles": 1,
+        "stopped": "failure",
+    }
+    assert len(broken.contexts) == 1  # one delivery attempt, then the pump stopped
+    assert (await cp.queue.item(failing))["status"] == "Pending"
+    left = await cp.queue.item(behind)
+    assert left["status"] == "Pending" and "claims" not in left  # never even claimed
+    assert await cp.queue.pending_count() == 2
+
+    went_on = (await client.post("/v1/queue/drain", headers=auth("alice-a"))).json()
+    assert (went_on["dispatched"], went_on["failed"], went_on["stopped"]) == (1, 1, "empty")
+    assert (await cp.queue.item(behind))["status"] == "Dispatched"
+    assert (await cp.queue.item(failing))["status"] == "Pending"
