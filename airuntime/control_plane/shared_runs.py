@@ -21,8 +21,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
 
+from airuntime.control_plane.json_records import update_record
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 
@@ -143,29 +143,23 @@ class SharedRunStore:
 
         A status change that :data:`SHARED_RUN_TRANSITIONS` does not allow is still
         written (the callers decide), but logged: it means two writers raced."""
-        key = keys.shared_run(shared_run_id)
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        raise KeyError(f"shared run {shared_run_id} does not exist")
-                    before = SharedRun.model_validate_json(raw)
-                    run = before.model_copy(update={**changes, "updated_at_ms": _now()})
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, run.model_dump_json())
-                    await pipe.execute()
-                except WatchError:
-                    continue
-                if not before.status.can_become(run.status):
-                    log.warning(
-                        "shared run %s moved %s -> %s, not an allowed transition",
-                        shared_run_id,
-                        before.status,
-                        run.status,
-                    )
-                return run
+        updated = await update_record(
+            self.redis,
+            keys.shared_run(shared_run_id),
+            SharedRun,
+            lambda run: run.model_copy(update={**changes, "updated_at_ms": _now()}),
+        )
+        if updated is None:
+            raise KeyError(f"shared run {shared_run_id} does not exist")
+        before, run = updated
+        if not before.status.can_become(run.status):
+            log.warning(
+                "shared run %s moved %s -> %s, not an allowed transition",
+                shared_run_id,
+                before.status,
+                run.status,
+            )
+        return run
 
     async def list(self, tenant_id: str | None = None, limit: int = 100) -> list[SharedRun]:
         index = keys.shared_runs_by_tenant(tenant_id) if tenant_id else keys.shared_runs()
