@@ -13,13 +13,15 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.context import ExecutionContextSnapshot, current_context
+from airuntime.fleet.providers import DeliveryError
 from airuntime.fleet.registry import (
     CapacityDescriptor,
     InstanceDescriptor,
@@ -28,6 +30,7 @@ from airuntime.fleet.registry import (
 )
 from airuntime.fleet.runs import RunRequest
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 
 T = TypeVar("T")
@@ -139,6 +142,35 @@ async def running_cp(cp: ControlPlane) -> AsyncIterator[ControlPlane]:
         await cp.stop()
 
 
+def manual_cp(redis: Redis, **settings: Any) -> ControlPlane:
+    """A control plane without a background pump: only the test drains its queue."""
+    return ControlPlane(redis, ControlPlaneSettings(background_pump=False, **settings))
+
+
+@asynccontextmanager
+async def serving(cp: ControlPlane, *hosts: RuntimeHost) -> AsyncIterator[ControlPlane]:
+    """Start ``hosts`` (their instances handed to ``cp``'s local provider), then ``cp``;
+    stop them all afterwards."""
+    async with AsyncExitStack() as stack:
+        for host in hosts:
+            await stack.enter_async_context(running_host(host, cp))
+        yield await stack.enter_async_context(running_cp(cp))
+
+
+# Runtime instance settings the suites share (in-process instances, fast heartbeats).
+LOCAL_RUNTIME = InstanceConfig(provider="local", heartbeat_s=0.5)
+SHARED_RUNTIME = InstanceConfig(provider="local", max_concurrent_runs=5, heartbeat_s=0.5)
+TENANT_A_RUNTIME = InstanceConfig(
+    provider="local",
+    tenant_id="tenant-a",
+    isolation_mode=IsolationMode.DEDICATED,
+    allow_shared_fallback=False,
+    runtime_prefix="tenant-a-runtime",
+    max_concurrent_runs=5,
+    heartbeat_s=0.5,
+)
+
+
 class RecordingInstance:
     """An in-process dispatch target that records every delivery (and its context).
 
@@ -199,6 +231,19 @@ def descriptor(
 
 async def publish(redis: Redis, desc: InstanceDescriptor, ttl_ms: int = 120_000) -> None:
     await Registry(redis).publish(desc, ttl_ms)
+
+
+async def refusing_tenant_a_runtime(redis: Redis, cp: ControlPlane) -> RecordingInstance:
+    """tenant-a (TENANT_A: Dedicated, no shared fallback) gets one registered runtime,
+    ``tenant-a-runtime-1``, whose every delivery is refused with a DeliveryError."""
+    await Registry(redis).put_tenant(TENANT_A)
+    broken = RecordingInstance("tenant-a-runtime-1", fail=DeliveryError("refused", reason="paused"))
+    cp.local.add(broken)
+    tenant_a = {"tenant_id": "tenant-a", "runtime_prefix": "tenant-a-runtime"}
+    await publish(
+        redis, descriptor(broken.instance_id, isolation_mode=IsolationMode.DEDICATED, **tenant_a)
+    )
+    return broken
 
 
 # Tenant settings of the reference's validated examples (000_*, "tenant runtime settings").

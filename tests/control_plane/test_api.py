@@ -19,13 +19,12 @@ from airuntime.control_plane.api import create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
-from airuntime.fleet.providers import DeliveryError
-from airuntime.fleet.registry import Registry
-from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
-from tests.control_plane.support import TENANT_A, RecordingInstance, descriptor, publish
+from tests.control_plane.support import (
+    manual_cp,
+    refusing_tenant_a_runtime,
+)
 
 PIPELINE = {"id": "api-test", "steps": [{"id": "a", "uses": "echo", "with": {"value": 1}}]}
 TOKENS = {
@@ -40,7 +39,7 @@ TOKENS = {
 async def api(redis: Redis) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
     host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
     await host.start()
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False, scale_out_enabled=False))
+    cp = manual_cp(redis, scale_out_enabled=False)
     for inst in host.instances:
         cp.local.add(inst)
     await cp.start()
@@ -187,18 +186,7 @@ async def test_drain_with_stop_on_failure_stops_at_the_first_failed_delivery(
     stops at tenant-a's run and leaves the default tenant's run behind it queued; the
     default drain goes on and dispatches it."""
     client, cp = api
-    await Registry(redis).put_tenant(TENANT_A)
-    broken = RecordingInstance("tenant-a-runtime-1", fail=DeliveryError("refused", reason="paused"))
-    cp.local.add(broken)
-    await publish(
-        redis,
-        descriptor(
-            "tenant-a-runtime-1",
-            isolation_mode=IsolationMode.DEDICATED,
-            tenant_id="tenant-a",
-            runtime_prefix="tenant-a-runtime",
-        ),
-    )
+    broken = await refusing_tenant_a_runtime(redis, cp)
     submitted = [
         (await client.post("/v1/runs", json={"pipeline": PIPELINE}, headers=auth(who))).json()
         for who in ("alice-a", "admin-x")

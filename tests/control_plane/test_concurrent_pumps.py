@@ -27,10 +27,12 @@ from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RuntimeInstance
 from tests.control_plane.support import (
+    LOCAL_RUNTIME,
     TINY_PIPELINE,
     drain_until_finished,
-    running_cp,
+    manual_cp,
     running_host,
+    serving,
     snap,
     wait_for,
 )
@@ -154,15 +156,10 @@ async def test_pump_dying_between_claim_and_settle_is_recovered_without_double_d
     redis: Redis, delivered_before_death: bool
 ) -> None:
     lease_ms = 300
-    cp = ControlPlane(
-        redis,
-        ControlPlaneSettings(
-            background_pump=False, claim_lease_ms=lease_ms, control_plane_id="cp-live"
-        ),
-    )
-    host = RuntimeHost(redis, InstanceConfig(provider="local", heartbeat_s=0.5), instances=1)
+    cp = manual_cp(redis, claim_lease_ms=lease_ms, control_plane_id="cp-live")
+    host = RuntimeHost(redis, LOCAL_RUNTIME, instances=1)
     snapshot: ExecutionContextSnapshot = snap("default", user_id="u")
-    async with running_host(host, cp), running_cp(cp):
+    async with serving(cp, host):
         run = await cp.submit(TINY_PIPELINE, snapshot)
         srid = run.shared_run_id
 

@@ -16,8 +16,6 @@ from typing import Any
 from redis.asyncio import Redis
 
 from airuntime.control_plane.admission import Reservation
-from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core import keys
 from airuntime.fleet.registry import InstanceDescriptor
 from runtime_pod.config import InstanceConfig
@@ -25,6 +23,7 @@ from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
     drain_until_finished,
     fan_pipeline,
+    manual_cp,
     running_cp,
     running_host,
     snap,
@@ -66,7 +65,7 @@ async def test_pooled_http_runtimes_take_fifty_hundred_step_runs_once_each_with_
     # The default tenant's runtime prefix is runtime-instance, not runtime-http: with
     # scale-out enabled (and no scale-out provider here) admission would park runs in
     # ScaleOutRequested once the pool is full instead of leaving them queued.
-    cp = ControlPlane(valkey, ControlPlaneSettings(background_pump=False, scale_out_enabled=False))
+    cp = manual_cp(valkey, scale_out_enabled=False)
 
     reservations: list[tuple[Reservation, bool]] = []
     real_reserve = cp.admission._reserve

@@ -34,6 +34,7 @@ from tests.control_plane.support import (
     TENANT_A,
     TENANT_B,
     TINY_PIPELINE,
+    manual_cp,
     running_cp,
     running_host,
     snap,
@@ -158,7 +159,7 @@ async def test_local_scaler_counts_per_runtime_prefix_and_rejects_beyond_tenant_
         InstanceConfig(provider="local", heartbeat_s=0.5),
         instance_ids=["runtime-instance-1"],
     )
-    cp = ControlPlane(valkey, ControlPlaneSettings(background_pump=False))
+    cp = manual_cp(valkey)
     watcher = ScaleOutWatcher(cp.scale_outs, scaler)
     async with running_host(shared):
         first = await cp.scale_outs.create(tenant, "sr-first")

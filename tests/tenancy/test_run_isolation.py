@@ -11,39 +11,29 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.runs import RunRequest, RunStatus
-from airuntime.fleet.tenancy import IsolationMode
-from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
     TENANT_A,
+    TENANT_A_RUNTIME,
     TINY_PIPELINE,
     drain_until_finished,
     run_body,
-    running_cp,
     running_host,
+    serving,
     snap,
 )
 
-TENANT_A_RUNTIME = InstanceConfig(
-    provider="local",
-    tenant_id="tenant-a",
-    isolation_mode=IsolationMode.DEDICATED,
-    allow_shared_fallback=False,
-    runtime_prefix="tenant-a-runtime",
-    heartbeat_s=0.5,
-)
 
-
-async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(redis: Redis) -> None:
+async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(
+    redis: Redis, cp: ControlPlane
+) -> None:
     await Registry(redis).put_tenant(TENANT_A)
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     host = RuntimeHost(redis, TENANT_A_RUNTIME, instances=1)
-    async with running_host(host, cp), running_cp(cp):
+    async with serving(cp, host):
         run = await cp.submit(TINY_PIPELINE, snap("tenant-a", user_id="alice"))
         srid = run.shared_run_id
 
