@@ -1,6 +1,8 @@
 """Dispatch-time admission: where may this run go now?
 
-Admission runs with the run's ExecutionContextSnapshot restored and decides:
+Admission runs with the run's ExecutionContextSnapshot restored and decides (an
+:class:`Assign` result carries the instance and its reservation, a
+:class:`NotAssigned` one the reason):
 
 * ``AssignToInstance`` — a tenant-visible, ready instance can accept the run and one
   of its run slots was **reserved atomically** (``reserveSlot-1.lua``, with TTL); the

@@ -68,6 +68,8 @@ class ControlPlaneError(AirError):
 
 
 class ControlPlane:
+    """The control plane's operations over one Redis, and the loops it runs once started."""
+
     def __init__(
         self,
         redis: Redis,
