@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.context import ExecutionContextSnapshot, current_context
+from airuntime.engine.handlers import HandlerRegistry
 from airuntime.fleet.providers import DeliveryError
 from airuntime.fleet.registry import (
     CapacityDescriptor,
@@ -142,9 +143,13 @@ async def running_cp(cp: ControlPlane) -> AsyncIterator[ControlPlane]:
         await cp.stop()
 
 
-def manual_cp(redis: Redis, **settings: Any) -> ControlPlane:
+def manual_cp(
+    redis: Redis, *, handlers: HandlerRegistry | None = None, **settings: Any
+) -> ControlPlane:
     """A control plane without a background pump: only the test drains its queue."""
-    return ControlPlane(redis, ControlPlaneSettings(background_pump=False, **settings))
+    return ControlPlane(
+        redis, ControlPlaneSettings(background_pump=False, **settings), handlers=handlers
+    )
 
 
 @asynccontextmanager

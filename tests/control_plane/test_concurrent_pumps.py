@@ -92,14 +92,7 @@ async def test_concurrent_pumps_dispatch_each_shared_run_exactly_once(
             for cp in pumps:
                 for inst in host.instances:
                     cp.local.add(CountingTarget(inst, deliveries))
-            submitter = pumps[0]
-            srids: list[str] = []
-            for start in range(0, RUNS, 100):
-                batch = await asyncio.gather(
-                    *(submitter.submit(TINY_PIPELINE, snap()) for _ in range(start, start + 100))
-                )
-                srids += [r.shared_run_id for r in batch]
-            assert await submitter.queue.pending_count() == RUNS
+            srids = await _submit_runs(pumps[0])
 
             tasks = [asyncio.create_task(pump(cp)) for cp in pumps]
             gate.set()  # all eight pumps start together
@@ -122,8 +115,25 @@ async def test_concurrent_pumps_dispatch_each_shared_run_exactly_once(
     assert sum(dispatched_by.values()) == RUNS
     assert len([p for p, n in dispatched_by.items() if n > 0]) >= 2  # really concurrent
 
-    # Shared runs, queue items and the run index agree: one RunId per SharedRunId.
-    runs = await pumps[0].runs.list("default", limit=RUNS + 10)
+    await _assert_one_run_id_per_shared_run(valkey, pumps[0], srids, dispatched_by)
+
+
+async def _submit_runs(cp: ControlPlane) -> list[str]:
+    srids: list[str] = []
+    for start in range(0, RUNS, 100):
+        batch = await asyncio.gather(
+            *(cp.submit(TINY_PIPELINE, snap()) for _ in range(start, start + 100))
+        )
+        srids += [r.shared_run_id for r in batch]
+    assert await cp.queue.pending_count() == RUNS
+    return srids
+
+
+async def _assert_one_run_id_per_shared_run(
+    valkey: Redis, cp: ControlPlane, srids: list[str], dispatched_by: Counter[str]
+) -> None:
+    """Shared runs, queue items and the run index agree: one RunId per SharedRunId."""
+    runs = await cp.runs.list("default", limit=RUNS + 10)
     assert len(runs) == RUNS
     assert all(r.status is SharedRunStatus.DISPATCHED and r.run_id for r in runs)
     pumped_by = Counter(r.pump_worker_id for r in runs)
