@@ -182,9 +182,8 @@ async def _collect(
     return list(zip(shared, records, strict=True))
 
 
-async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate: float) -> Result:
-    redis = Redis.from_url(url)
-    await redis.flushdb()
+def _stack(redis: Redis, runs: int) -> tuple[RuntimeHost, ControlPlane]:
+    """The runtimes and the pumping control plane of one scenario (not started)."""
     config = InstanceConfig(
         provider="local",
         workers=SLOTS,
@@ -194,57 +193,71 @@ async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate
         heartbeat_s=1.0,
         assist=False,
     )
-    host = RuntimeHost(redis, config, instances=INSTANCES)
     settings = ControlPlaneSettings(
         background_pump=True, scale_out_enabled=False, control_plane_id="bench-cp"
     )
-    cp = ControlPlane(redis, settings)
-    submit_rate: float | None = None
-    notes: list[str] = []
-    offset = await _clock_offset_ms(redis)
-    try:
-        if scenario == "backlog":
-            feeder = ControlPlane(
-                redis, ControlPlaneSettings(background_pump=False, control_plane_id="feeder")
-            )
-            ids = await _submit_all(feeder, runs, submitters)
-            await host.start()
-            for inst in host.instances:
-                cp.local.add(inst)
-            start_ms = time.time() * 1000
-            await cp.start()
-            notes.append("latencies include the time spent queued behind the backlog")
-        else:
-            await host.start()
-            for inst in host.instances:
-                cp.local.add(inst)
-            await cp.start()
-            await asyncio.wait_for(cp.background.ready.wait(), 10)
-            t0 = time.perf_counter()
-            if scenario == "paced":
-                ids = await _submit_paced(cp, runs, rate)
-            else:
-                ids = await _submit_all(cp, runs, submitters)
-            submit_rate = round(runs / (time.perf_counter() - t0), 1)
-            start_ms = 0.0  # set from the first submit below
-        await _wait_done(redis, cp, runs, timeout_s=120)
-        rows = await _collect(redis, cp, ids)
-    finally:
-        with contextlib.suppress(Exception):
-            await cp.stop()
-        with contextlib.suppress(Exception):
-            await host.stop(drain_timeout_s=5)
-        await redis.aclose()
+    return RuntimeHost(redis, config, instances=INSTANCES), ControlPlane(redis, settings)
 
+
+@dataclass(frozen=True)
+class _Load:
+    runs: int
+    submitters: int
+    rate: float
+
+
+@dataclass
+class _Driven:
+    ids: list[str]
+    start_ms: float
+    """Where the rates start; 0 until known (streaming/paced: the first submit)."""
+    submit_rate: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+async def _drive(
+    redis: Redis, host: RuntimeHost, cp: ControlPlane, scenario: str, args: _Load
+) -> _Driven:
+    """Start runtimes and pump, submit the runs as the scenario says."""
+    if scenario == "backlog":
+        feeder = ControlPlane(
+            redis, ControlPlaneSettings(background_pump=False, control_plane_id="feeder")
+        )
+        ids = await _submit_all(feeder, args.runs, args.submitters)
+        await host.start()
+        for inst in host.instances:
+            cp.local.add(inst)
+        start_ms = time.time() * 1000
+        await cp.start()
+        return _Driven(
+            ids, start_ms, notes=["latencies include the time spent queued behind the backlog"]
+        )
+    await host.start()
+    for inst in host.instances:
+        cp.local.add(inst)
+    await cp.start()
+    await asyncio.wait_for(cp.background.ready.wait(), 10)
+    t0 = time.perf_counter()
+    if scenario == "paced":
+        ids = await _submit_paced(cp, args.runs, args.rate)
+    else:
+        ids = await _submit_all(cp, args.runs, args.submitters)
+    return _Driven(ids, 0.0, submit_rate=round(args.runs / (time.perf_counter() - t0), 1))
+
+
+def _result(
+    scenario: str, rows: list[tuple[SharedRun, dict[str, str]]], driven: _Driven, offset: float
+) -> Result:
+    runs = len(rows)
     created = [float(r.created_at_ms) for r, _ in rows]
     dispatched = [float(r.dispatched_at_ms or 0) for r, _ in rows]
     started = [float(rec["started_at_ms"]) for _, rec in rows]
     finished = [float(rec["finished_at_ms"]) for _, rec in rows]
     statuses = {rec["status"] for _, rec in rows}
+    notes = list(driven.notes)
     if statuses != {"completed"}:
         notes.append(f"run statuses: {sorted(statuses)}")
-    if scenario != "backlog":
-        start_ms = min(created)
+    start_ms = driven.start_ms if scenario == "backlog" else min(created)
     per_instance: dict[str, int] = {}
     for _, rec in rows:
         per_instance[rec["instance_id"]] = per_instance.get(rec["instance_id"], 0) + 1
@@ -254,7 +267,7 @@ async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate
         instances=INSTANCES,
         pump_runs_per_s=round(runs / ((max(dispatched) - start_ms) / 1000), 1),
         completed_runs_per_s=round(runs / ((max(finished) - start_ms) / 1000), 1),
-        submit_runs_per_s=submit_rate,
+        submit_runs_per_s=driven.submit_rate,
         submit_to_execution_ms=_deltas(started, created),
         submit_to_dispatch_ms=_deltas(dispatched, created),
         dispatch_to_execution_ms=_deltas(started, dispatched),
@@ -263,6 +276,24 @@ async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate
         redis_clock_offset_ms=offset,
         notes=notes,
     )
+
+
+async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate: float) -> Result:
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    host, cp = _stack(redis, runs)
+    offset = await _clock_offset_ms(redis)
+    try:
+        driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate))
+        await _wait_done(redis, cp, runs, timeout_s=120)
+        rows = await _collect(redis, cp, driven.ids)
+    finally:
+        with contextlib.suppress(Exception):
+            await cp.stop()
+        with contextlib.suppress(Exception):
+            await host.stop(drain_timeout_s=5)
+        await redis.aclose()
+    return _result(scenario, rows, driven, offset)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """Dispatch-time admission: where may this run go now?
 
-Admission runs with the run's ExecutionContextSnapshot restored and decides:
+Admission runs with the run's ExecutionContextSnapshot restored and decides (an
+:class:`Assign` result carries the instance and its reservation, a
+:class:`NotAssigned` one the reason):
 
 * ``AssignToInstance`` — a tenant-visible, ready instance can accept the run and one
   of its run slots was **reserved atomically** (``reserveSlot-1.lua``, with TTL); the
@@ -22,7 +24,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from redis.asyncio import Redis
 
@@ -47,12 +49,26 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
-class AdmissionResult:
-    decision: Decision
+class Assign:
+    """AssignToInstance: one run slot of ``instance`` is reserved for this run."""
+
     tenant: TenantSettings
-    instance: InstanceDescriptor | None = None
-    reservation: Reservation | None = None
-    reason: str = ""
+    instance: InstanceDescriptor
+    reservation: Reservation
+    decision: ClassVar[Literal[Decision.ASSIGN]] = Decision.ASSIGN
+
+
+@dataclass(frozen=True, slots=True)
+class NotAssigned:
+    """QueueGlobally, RequestScaleOut or Reject: no instance, nothing reserved."""
+
+    decision: Literal[Decision.QUEUE, Decision.SCALE_OUT, Decision.REJECT]
+    tenant: TenantSettings
+    reason: str
+
+
+AdmissionResult = Assign | NotAssigned
+"""What admission decided; ``decision`` tells the two apart, and so does the type."""
 
 
 def free_run_slots(d: InstanceDescriptor) -> int:
@@ -104,30 +120,26 @@ class Admission:
                 continue
             reservation = await self._reserve(candidate, slots)
             if reservation is not None:
-                return AdmissionResult(Decision.ASSIGN, tenant, candidate, reservation)
+                return Assign(tenant, candidate, reservation)
         if target is not None:
-            return AdmissionResult(
-                Decision.QUEUE, tenant, reason=f"target {target} cannot accept now"
-            )
+            return NotAssigned(Decision.QUEUE, tenant, f"target {target} cannot accept now")
         own = await self.registry.list_by_prefix(tenant.runtime_prefix)
         if self.scale_out_enabled and len(own) < tenant.max_instances:
-            return AdmissionResult(
+            return NotAssigned(
                 Decision.SCALE_OUT,
                 tenant,
-                reason=(
+                (
                     f"no visible capacity; {len(own)} of {tenant.max_instances} "
                     f"{tenant.runtime_prefix} instances"
                 ),
             )
         if not visible and tenant.max_instances == 0:
-            return AdmissionResult(
+            return NotAssigned(
                 Decision.REJECT,
                 tenant,
-                reason=f"tenant {tenant.tenant_id} has max_instances 0 and no visible runtime",
+                f"tenant {tenant.tenant_id} has max_instances 0 and no visible runtime",
             )
-        return AdmissionResult(
-            Decision.QUEUE, tenant, reason="no visible runtime can accept the run now"
-        )
+        return NotAssigned(Decision.QUEUE, tenant, "no visible runtime can accept the run now")
 
     @staticmethod
     def _ordered(

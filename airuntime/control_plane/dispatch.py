@@ -1,4 +1,4 @@
-"""The shared-queue dispatcher, the pump, and the background pump service.
+"""The shared-queue dispatcher: one claimed queue item, admitted and delivered.
 
 One dispatch cycle (:meth:`SharedRunDispatcher.dispatch_next`): claim the next
 Pending item, load the shared run, **restore its ExecutionContextSnapshot**, re-admit
@@ -6,7 +6,8 @@ at dispatch time, deliver through the chosen instance's provider, and only after
 the runtime accepted mark the queue item and the shared run Dispatched — otherwise
 the item returns to Pending and the run stays QueuedGlobally with no RunId and no
 ExecutionId. The previous context (or none) is restored afterwards, also on
-failure, so no tenant context leaks into the next cycle.
+failure, so no tenant context leaks into the next cycle. The pumps that repeat the
+cycle are in :mod:`~airuntime.control_plane.pump`.
 
 The pump's identity (``pump_runtime_instance_id``, ``pump_worker_id``) is recorded on
 the shared run for observability and is never used as the dispatch target.
@@ -14,31 +15,28 @@ the shared run for observability and is never used as the dispatch target.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
-from airuntime.control_plane.admission import Admission, AdmissionResult, Decision
+from airuntime.control_plane.admission import Admission, Assign, Decision, NotAssigned
 from airuntime.control_plane.scale_out import ScaleOutStore
-from airuntime.control_plane.shared_runs import (
-    ClaimedItem,
-    SharedQueue,
-    SharedRun,
-    SharedRunStatus,
-    SharedRunStore,
-)
+from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus, SharedQueue
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.fleet.providers import DeliveryError, RuntimeProvider
-from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
+from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRequest, RunStatus
 
 log = logging.getLogger(__name__)
+
+CANCELLED_IN_FLIGHT = "cancelled while being dispatched"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +49,13 @@ class PumpIdentity:
 
 @dataclass(frozen=True, slots=True)
 class DispatchResult:
+    """The outcome of one dispatch cycle.
+
+    ``requeued``: the queue item went back to Pending at the head of the queue (no
+    capacity, failed admission or failed delivery), so the same tenant's item would
+    be claimed again at once.
+    """
+
     success: bool
     empty: bool = False
     shared_run_id: str | None = None
@@ -60,6 +65,30 @@ class DispatchResult:
     run_id: str | None = None
     reason: str = ""
     latency_s: float = 0.0
+    requeued: bool = False
+
+    @classmethod
+    def refused(
+        cls,
+        run: SharedRun,
+        decision: Decision | None,
+        reason: str,
+        *,
+        requeued: bool,
+        instance_id: str | None = None,
+        run_id: str | None = None,
+    ) -> DispatchResult:
+        """``run`` was not dispatched in this cycle, for ``reason``."""
+        return cls(
+            False,
+            shared_run_id=run.shared_run_id,
+            decision=decision,
+            tenant_id=run.snapshot.tenant_id,
+            instance_id=instance_id,
+            run_id=run_id,
+            reason=reason,
+            requeued=requeued,
+        )
 
 
 DispatchObserver = Callable[[DispatchResult], None]
@@ -82,6 +111,8 @@ async def cancel_local_run(
 
 
 class SharedRunDispatcher:
+    """Claims, admits and delivers one shared run per call."""
+
     def __init__(
         self,
         runs: SharedRunStore,
@@ -122,7 +153,9 @@ class SharedRunDispatcher:
     async def _handle(self, item: ClaimedItem, target: str | None) -> DispatchResult:
         run = await self.runs.get(item.shared_run_id)
         if run is None or run.status is SharedRunStatus.CANCELLED:
-            await self.queue.settle(item, "Cancelled", "shared run cancelled or missing")
+            await self.queue.settle(
+                item, QueueItemStatus.CANCELLED, "shared run cancelled or missing"
+            )
             return DispatchResult(False, shared_run_id=item.shared_run_id, reason="cancelled")
         with use_context(run.snapshot):
             result = await self._dispatch(item, run, target)
@@ -130,74 +163,75 @@ class SharedRunDispatcher:
             self.observer(result)
         return result
 
+    # -- admission decides --------------------------------------------------------------
+
     async def _dispatch(
         self, item: ClaimedItem, run: SharedRun, target: str | None
     ) -> DispatchResult:
-        tenant_id = run.snapshot.tenant_id
         try:
             admitted = await self.admission.admit(target=target)
         except Exception as exc:
-            await self.queue.settle(item, "Pending", f"admission failed: {exc}")
-            return DispatchResult(
-                False, shared_run_id=run.shared_run_id, tenant_id=tenant_id, reason=str(exc)
-            )
-        if admitted.decision is Decision.ASSIGN:
+            await self.queue.settle(item, QueueItemStatus.PENDING, f"admission failed: {exc}")
+            return DispatchResult.refused(run, None, str(exc), requeued=True)
+        if isinstance(admitted, Assign):
             return await self._deliver(item, run, admitted)
         if admitted.decision is Decision.SCALE_OUT and self.scale_outs is not None:
-            in_flight = await self.scale_outs.outstanding(admitted.tenant.runtime_prefix)
-            if in_flight is not None:
-                # Capacity for this prefix is already being created: wait in the queue
-                # for it instead of filing one request per queued run.
-                await self.queue.settle(item, "Pending", f"waiting for {in_flight.request_id}")
-                return DispatchResult(
-                    False,
-                    shared_run_id=run.shared_run_id,
-                    decision=Decision.QUEUE,
-                    tenant_id=tenant_id,
-                    reason=f"scale-out {in_flight.request_id} in flight",
-                )
-            req = await self.scale_outs.create(admitted.tenant, run.shared_run_id)
-            # Settle first: a run cancelled while claimed (settle refused) stays Cancelled
-            # and is not requeued after the scale-out.
-            if await self.queue.settle(item, "ScaleOutRequested", req.request_id):
-                await self.runs.update(
-                    run.shared_run_id,
-                    status=SharedRunStatus.SCALE_OUT_REQUESTED,
-                    scale_out_request_id=req.request_id,
-                    reason=admitted.reason,
-                )
-            return DispatchResult(
-                False,
-                shared_run_id=run.shared_run_id,
-                decision=admitted.decision,
-                tenant_id=tenant_id,
-                reason=admitted.reason,
-            )
+            return await self._scale_out(item, run, admitted, self.scale_outs)
         if admitted.decision is Decision.REJECT:
-            if await self.queue.settle(item, "Rejected", admitted.reason):
-                await self.runs.update(
-                    run.shared_run_id, status=SharedRunStatus.REJECTED, reason=admitted.reason
-                )
-            return DispatchResult(
-                False,
-                shared_run_id=run.shared_run_id,
-                decision=admitted.decision,
-                tenant_id=tenant_id,
+            await self._park(
+                item,
+                run,
+                QueueItemStatus.REJECTED,
+                admitted.reason,
+                status=SharedRunStatus.REJECTED,
                 reason=admitted.reason,
             )
-        await self.queue.settle(item, "Pending", admitted.reason)
-        return DispatchResult(
-            False,
-            shared_run_id=run.shared_run_id,
-            decision=Decision.QUEUE,
-            tenant_id=tenant_id,
+            return DispatchResult.refused(run, admitted.decision, admitted.reason, requeued=False)
+        # QueueGlobally (or RequestScaleOut without a scale-out store): wait in the queue.
+        await self.queue.settle(item, QueueItemStatus.PENDING, admitted.reason)
+        return DispatchResult.refused(run, Decision.QUEUE, admitted.reason, requeued=True)
+
+    async def _scale_out(
+        self, item: ClaimedItem, run: SharedRun, admitted: NotAssigned, scale_outs: ScaleOutStore
+    ) -> DispatchResult:
+        in_flight = await scale_outs.outstanding(admitted.tenant.runtime_prefix)
+        if in_flight is not None:
+            # Capacity for this prefix is already being created: wait in the queue
+            # for it instead of filing one request per queued run.
+            request_id = in_flight.request_id
+            await self.queue.settle(item, QueueItemStatus.PENDING, f"waiting for {request_id}")
+            return DispatchResult.refused(
+                run, Decision.QUEUE, f"scale-out {request_id} in flight", requeued=True
+            )
+        req = await scale_outs.create(admitted.tenant, run.shared_run_id)
+        await self._park(
+            item,
+            run,
+            QueueItemStatus.SCALE_OUT_REQUESTED,
+            req.request_id,
+            status=SharedRunStatus.SCALE_OUT_REQUESTED,
+            scale_out_request_id=req.request_id,
             reason=admitted.reason,
         )
+        return DispatchResult.refused(run, admitted.decision, admitted.reason, requeued=False)
 
-    async def _deliver(
-        self, item: ClaimedItem, run: SharedRun, admitted: AdmissionResult
-    ) -> DispatchResult:
-        assert admitted.instance is not None and admitted.reservation is not None
+    async def _park(
+        self,
+        item: ClaimedItem,
+        run: SharedRun,
+        outcome: QueueItemStatus,
+        detail: str,
+        **changes: Any,
+    ) -> None:
+        """Take the item out of the queue as ``outcome`` and record ``changes`` on the
+        shared run. Settle first: a run cancelled while claimed (settle refused) stays
+        Cancelled, and is not requeued after a scale-out."""
+        if await self.queue.settle(item, outcome, detail):
+            await self.runs.update(run.shared_run_id, **changes)
+
+    # -- delivery ---------------------------------------------------------------------
+
+    async def _deliver(self, item: ClaimedItem, run: SharedRun, admitted: Assign) -> DispatchResult:
         instance = admitted.instance
         request = RunRequest(
             shared_run_id=run.shared_run_id,
@@ -211,49 +245,35 @@ class SharedRunDispatcher:
         except (DeliveryError, OSError) as exc:
             await self.admission.release(admitted.reservation)
             await self.queue.settle(
-                item, "Pending", f"dispatch to {instance.instance_id} failed: {exc}"
+                item,
+                QueueItemStatus.PENDING,
+                f"dispatch to {instance.instance_id} failed: {exc}",
             )
-            return DispatchResult(
-                False,
-                shared_run_id=run.shared_run_id,
-                decision=Decision.ASSIGN,
-                tenant_id=run.snapshot.tenant_id,
-                instance_id=instance.instance_id,
-                reason=str(exc),
+            return DispatchResult.refused(
+                run, Decision.ASSIGN, str(exc), requeued=True, instance_id=instance.instance_id
             )
         except BaseException:
             await self.admission.release(admitted.reservation)
             with contextlib.suppress(Exception):
-                await self.queue.settle(item, "Pending", "dispatch interrupted")
+                await self.queue.settle(item, QueueItemStatus.PENDING, "dispatch interrupted")
             raise
-        # The runtime accepted: only now the queue item and the shared run are Dispatched.
-        settled = await self.queue.settle(item, "Dispatched", instance.instance_id)
-        if not settled and (await self.queue.item(run.shared_run_id)).get("status") == (
-            "Cancelled"
+        return await self._accepted(item, run, admitted, run_id)
+
+    async def _accepted(
+        self, item: ClaimedItem, run: SharedRun, admitted: Assign, run_id: str
+    ) -> DispatchResult:
+        """The runtime accepted: only now the queue item and the shared run are Dispatched."""
+        instance_id = admitted.instance.instance_id
+        settled = await self.queue.settle(item, QueueItemStatus.DISPATCHED, instance_id)
+        if not settled and await self.queue.status(run.shared_run_id) is (
+            QueueItemStatus.CANCELLED
         ):
-            # Cancelled while this pump held the claim, after the runtime accepted: cancel
-            # that local run and leave the shared run Cancelled (not Dispatched).
-            await cancel_local_run(self.run_index, self.executions, run_id, run.snapshot.tenant_id)
-            await self.admission.release(admitted.reservation)
-            await self.runs.update(
-                run.shared_run_id,
-                status=SharedRunStatus.CANCELLED,
-                assigned_instance_id=instance.instance_id,
-                run_id=run_id,
-                reason="cancelled while being dispatched",
-            )
-            return DispatchResult(
-                False,
-                shared_run_id=run.shared_run_id,
-                instance_id=instance.instance_id,
-                run_id=run_id,
-                reason="cancelled while being dispatched",
-            )
+            return await self._cancelled_in_flight(run, admitted, run_id)
         now = int(time.time() * 1000)
         await self.runs.update(
             run.shared_run_id,
             status=SharedRunStatus.DISPATCHED,
-            assigned_instance_id=instance.instance_id,
+            assigned_instance_id=instance_id,
             run_id=run_id,
             pump_runtime_instance_id=self.identity.runtime_instance_id,
             pump_worker_id=self.identity.worker_id,
@@ -271,86 +291,30 @@ class SharedRunDispatcher:
             shared_run_id=run.shared_run_id,
             decision=Decision.ASSIGN,
             tenant_id=run.snapshot.tenant_id,
-            instance_id=instance.instance_id,
+            instance_id=instance_id,
             run_id=run_id,
             latency_s=max(0.0, (now - run.created_at_ms) / 1000),
         )
 
-
-@dataclass
-class PumpResult:
-    dispatched: int = 0
-    failed: int = 0
-    cycles: int = 0
-    stopped: str = ""
-    results: list[DispatchResult] = field(default_factory=list)
-
-
-class SharedQueuePump:
-    """Runs dispatch cycles: until max count, an empty queue, a stopping failure or cancel."""
-
-    def __init__(self, dispatcher: SharedRunDispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    async def pump_once(
-        self, max_count: int = 100, *, stop_on_failure: bool = False, target: str | None = None
-    ) -> PumpResult:
-        result = PumpResult()
-        no_capacity: set[str] = set()
-        while result.cycles < max_count:
-            r = await self.dispatcher.dispatch_next(
-                skip_tenants=frozenset(no_capacity), target=target
-            )
-            if r.empty:
-                result.stopped = "empty"
-                break
-            result.cycles += 1
-            result.results.append(r)
-            if r.success:
-                result.dispatched += 1
-                continue
-            result.failed += 1
-            if r.tenant_id and r.decision not in (Decision.SCALE_OUT, Decision.REJECT):
-                # The item went back to Pending at the head of the queue (no capacity,
-                # failed admission or failed delivery): skip this tenant for the rest of
-                # the cycle, so the same item is not re-claimed until max_count and the
-                # other tenants' items behind it are not starved.
-                no_capacity.add(r.tenant_id)
-            if stop_on_failure and r.decision is not Decision.QUEUE:
-                result.stopped = "failure"
-                break
-        else:
-            result.stopped = "max_count"
-        return result
-
-
-class BackgroundPump:
-    """Pumps continuously once the readiness gate passed (a ready runtime is visible)."""
-
-    def __init__(
-        self, pump: SharedQueuePump, registry: Registry, *, idle_s: float = 0.05, batch: int = 100
-    ) -> None:
-        self.pump = pump
-        self.registry = registry
-        self.idle_s = idle_s
-        self.batch = batch
-        self.ready = asyncio.Event()
-        self.wake = asyncio.Event()
-
-    async def wait_ready(self) -> None:
-        """The readiness gate: at least one registered, ready runtime that can accept a run."""
-        while True:
-            for d in await self.registry.list_all():
-                if d.status is InstanceStatus.READY and d.capacity.can_accept_run:
-                    self.ready.set()
-                    return
-            await asyncio.sleep(self.idle_s)
-
-    async def run(self) -> None:
-        await self.wait_ready()
-        while True:
-            result = await self.pump.pump_once(self.batch)
-            if result.dispatched == 0:
-                self.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.idle_s)
+    async def _cancelled_in_flight(
+        self, run: SharedRun, admitted: Assign, run_id: str
+    ) -> DispatchResult:
+        """Cancelled while this pump held the claim, after the runtime accepted: cancel
+        that local run and leave the shared run Cancelled (not Dispatched)."""
+        await cancel_local_run(self.run_index, self.executions, run_id, run.snapshot.tenant_id)
+        await self.admission.release(admitted.reservation)
+        await self.runs.update(
+            run.shared_run_id,
+            status=SharedRunStatus.CANCELLED,
+            assigned_instance_id=admitted.instance.instance_id,
+            run_id=run_id,
+            reason=CANCELLED_IN_FLIGHT,
+        )
+        return DispatchResult.refused(
+            run,
+            None,
+            CANCELLED_IN_FLIGHT,
+            requeued=False,
+            instance_id=admitted.instance.instance_id,
+            run_id=run_id,
+        )

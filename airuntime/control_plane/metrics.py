@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from airuntime.control_plane.dispatch import DispatchResult
 from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutStore
-from airuntime.control_plane.shared_runs import SharedQueue
+from airuntime.control_plane.shared_queue import SharedQueue
 
 
 class ControlPlaneMetrics:

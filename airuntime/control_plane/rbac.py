@@ -23,11 +23,10 @@ import hmac
 from enum import StrEnum
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from airuntime.core.config_files import load_yaml_model
 from airuntime.core.context import ExecutionContextSnapshot
-from airuntime.core.errors import ConfigError
 
 
 class Capability(StrEnum):
@@ -72,6 +71,9 @@ class TokenEntry(BaseModel):
         return self.token_sha256 or hashlib.sha256((self.token or "").encode()).hexdigest()
 
 
+SECRETS = frozenset({"token", "token_sha256"})
+
+
 class TokensFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -104,17 +106,9 @@ class Authenticator:
 
     @classmethod
     def from_file(cls, path: Path) -> Authenticator:
-        try:
-            data = yaml.safe_load(path.read_text())
-            return cls(TokensFile.model_validate(data).tokens)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read tokens file: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ConfigError(f"{path}: {loc}: {err['msg']}") from None
+        """The tokens file; errors name the entry and field, never a token."""
+        tokens = load_yaml_model(path, TokensFile, what="tokens file", secret_fields=SECRETS)
+        return cls(tokens.tokens)
 
     def authenticate(self, token: str) -> Principal | None:
         digest = hashlib.sha256(token.encode()).hexdigest()

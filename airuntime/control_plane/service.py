@@ -23,16 +23,18 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from airuntime.control_plane.admission import Admission, Decision
+from airuntime.control_plane.admission import Admission, Assign, Decision
 from airuntime.control_plane.dispatch import (
-    BackgroundPump,
     DispatchObserver,
-    DispatchResult,
     PumpIdentity,
-    PumpResult,
-    SharedQueuePump,
     SharedRunDispatcher,
     cancel_local_run,
+)
+from airuntime.control_plane.pump import BackgroundPump, PumpResult, SharedQueuePump
+from airuntime.control_plane.run_details import (
+    ExecutionProgress,
+    RunRecordView,
+    SharedRunDetails,
 )
 from airuntime.control_plane.scale_out import (
     FulfilledRunRequeuer,
@@ -41,12 +43,8 @@ from airuntime.control_plane.scale_out import (
     ScaleOutWatcher,
 )
 from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
-from airuntime.control_plane.shared_runs import (
-    SharedQueue,
-    SharedRun,
-    SharedRunStatus,
-    SharedRunStore,
-)
+from airuntime.control_plane.shared_queue import SharedQueue
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot, use_context
 from airuntime.core.errors import AirError
@@ -58,6 +56,7 @@ from airuntime.fleet.discovery import publish_control_plane
 from airuntime.fleet.providers import LocalProvider, RuntimeProvider, provider_for
 from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.fleet.run_index import RunIndex
+from airuntime.fleet.runs import RunRecord
 
 
 class ControlPlaneError(AirError):
@@ -69,6 +68,8 @@ class ControlPlaneError(AirError):
 
 
 class ControlPlane:
+    """The control plane's operations over one Redis, and the loops it runs once started."""
+
     def __init__(
         self,
         redis: Redis,
@@ -180,55 +181,43 @@ class ControlPlane:
         await self.queue.enqueue(run.shared_run_id, snapshot.tenant_id)
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.
-            await self._direct(run)
+            await self.dispatcher.dispatch_run(run.shared_run_id)
         else:
             self.background.wake.set()
-        got = await self.runs.get(run.shared_run_id)
-        assert got is not None
-        return got
+        return await self.runs.require(run.shared_run_id)
 
-    async def _direct(self, run: SharedRun) -> DispatchResult:
-        """DirectDispatch: admit and dispatch this run now, keeping admission's decision."""
-        return await self.dispatcher.dispatch_run(run.shared_run_id)
+    async def _visible(self, shared_run_id: str, tenant_id: str | None) -> SharedRun | None:
+        """The run, if ``tenant_id`` may see it (None: no tenant scope, internal callers)."""
+        if tenant_id is None:
+            return await self.runs.get(shared_run_id)
+        return await self.runs.get_for_tenant(shared_run_id, tenant_id)
 
-    async def get(self, shared_run_id: str, tenant_id: str | None) -> dict[str, Any] | None:
+    async def get(self, shared_run_id: str, tenant_id: str | None) -> SharedRunDetails | None:
         """The run with RunId/ExecutionId/step states once known; None when invisible."""
-        run = await (
-            self.runs.get(shared_run_id)
-            if tenant_id is None
-            else self.runs.get_for_tenant(shared_run_id, tenant_id)
-        )
+        run = await self._visible(shared_run_id, tenant_id)
         if run is None:
             return None
-        body = run.model_dump(mode="json", exclude={"pipeline"})
-        body["queue_item"] = await self.queue.item(shared_run_id)
+        details = SharedRunDetails.of(run, await self.queue.item(shared_run_id))
         if run.run_id:
             record = await self.run_index.get_for_tenant(run.run_id, run.snapshot.tenant_id)
             if record is not None:
-                body["run"] = record.model_dump(mode="json", exclude={"snapshot"})
-                body["execution_id"] = record.execution_id
-                if record.execution_id:
-                    with contextlib.suppress(AirError):
-                        info = await self.executions.info(record.execution_id)
-                        body["execution"] = {
-                            "status": info.status,
-                            "total": info.total,
-                            "done": info.done,
-                            "completed": info.completed,
-                            "failed": info.failed,
-                        }
-                        body["steps"] = await self.executions.step_states(record.execution_id)
-        return body
+                await self._add_runtime_side(details, record)
+        return details
+
+    async def _add_runtime_side(self, details: SharedRunDetails, record: RunRecord) -> None:
+        details.run = RunRecordView.of(record)
+        details.execution_id = record.execution_id
+        if record.execution_id:
+            with contextlib.suppress(AirError):
+                info = await self.executions.info(record.execution_id)
+                details.execution = ExecutionProgress.of(info)
+                details.steps = await self.executions.step_states(record.execution_id)
 
     async def list(self, tenant_id: str | None, limit: int = 100) -> list[SharedRun]:
         return await self.runs.list(tenant_id, limit)
 
     async def cancel(self, shared_run_id: str, tenant_id: str | None) -> SharedRun | None:
-        run = await (
-            self.runs.get(shared_run_id)
-            if tenant_id is None
-            else self.runs.get_for_tenant(shared_run_id, tenant_id)
-        )
+        run = await self._visible(shared_run_id, tenant_id)
         if run is None:
             return None
         tenant = run.snapshot.tenant_id
@@ -247,18 +236,20 @@ class ControlPlane:
             shared_run_id, status=SharedRunStatus.CANCELLED, reason="cancelled"
         )
 
-    async def drain(self, max_count: int = 100, *, target: str | None = None) -> PumpResult:
-        """Manual drain (API/CLI/MCP)."""
+    async def drain(
+        self, max_count: int = 100, *, stop_on_failure: bool = False, target: str | None = None
+    ) -> PumpResult:
+        """Manual drain (API/CLI/MCP); ``stop_on_failure`` stops at the first failed cycle."""
         if not self.settings.pump_enabled:
             raise ControlPlaneError(
                 "the shared queue pump is disabled (pump_enabled = false)", status=409
             )
-        return await self.pump.pump_once(max_count, target=target)
+        return await self.pump.pump_once(max_count, stop_on_failure=stop_on_failure, target=target)
 
     async def admit_preview(self, snapshot: ExecutionContextSnapshot) -> Decision:
         """What admission would decide for this tenant now (does not reserve)."""
         with use_context(snapshot):
             result = await self.admission.admit()
-        if result.reservation is not None:
+        if isinstance(result, Assign):
             await self.admission.release(result.reservation)
         return result.decision

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from airuntime.control_plane.api import create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
@@ -31,6 +30,7 @@ from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.scale_out import LocalScaler, ScaleOutProvider
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.core.config_files import load_yaml_model, parse_yaml_model
 from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import connect
 from airuntime.fleet.registry import Registry
@@ -57,19 +57,10 @@ def default_tenants_text() -> str:
 
 def load_tenants(path: Path | None) -> list[TenantSettings]:
     """Tenant settings from YAML; errors name the file, the entry and the field."""
-    source = str(path) if path else "airuntime/devstack/default_tenants.yaml"
-    try:
-        text = path.read_text() if path else default_tenants_text()
-        data = yaml.safe_load(text)
-        return TenantsFile.model_validate(data).tenants
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{source}: {loc}: {err['msg']} (value={err.get('input')!r})") from None
+    if path is not None:
+        return load_yaml_model(path, TenantsFile).tenants
+    source = "airuntime/devstack/default_tenants.yaml"
+    return parse_yaml_model(default_tenants_text(), TenantsFile, source=source).tenants
 
 
 async def publish_tenants(registry: Registry, tenants: list[TenantSettings]) -> None:

@@ -13,13 +13,16 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.context import ExecutionContextSnapshot, current_context
+from airuntime.engine.handlers import HandlerRegistry
+from airuntime.fleet.providers import DeliveryError
 from airuntime.fleet.registry import (
     CapacityDescriptor,
     InstanceDescriptor,
@@ -28,6 +31,7 @@ from airuntime.fleet.registry import (
 )
 from airuntime.fleet.runs import RunRequest
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 
 T = TypeVar("T")
@@ -66,11 +70,12 @@ async def wait_for(
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last={last!r})")
 
 
-async def run_status(cp: ControlPlane, shared_run_id: str, tenant_id: str) -> str | None:
-    body = await cp.get(shared_run_id, tenant_id)
-    if body is None or "run" not in body:
-        return None
-    return str(body["run"]["status"])
+async def run_body(
+    cp: ControlPlane, shared_run_id: str, tenant_id: str | None
+) -> dict[str, Any] | None:
+    """The JSON ``GET /v1/runs/{id}`` returns to ``tenant_id`` (None: not visible)."""
+    details = await cp.get(shared_run_id, tenant_id)
+    return None if details is None else details.to_json()
 
 
 async def drain_until_finished(
@@ -88,7 +93,7 @@ async def drain_until_finished(
         for srid, tenant in runs.items():
             if srid in bodies:
                 continue
-            body = await cp.get(srid, tenant)
+            body = await run_body(cp, srid, tenant)
             assert body is not None
             if body.get("run", {}).get("status") in ("completed", "failed", "cancelled"):
                 bodies[srid] = body
@@ -104,7 +109,7 @@ async def wait_finished(
     """Wait (no draining here: a background pump or the test does it) for a terminal run."""
 
     async def probe() -> dict[str, Any] | None:
-        body = await cp.get(shared_run_id, tenant_id)
+        body = await run_body(cp, shared_run_id, tenant_id)
         if body is not None and body.get("run", {}).get("status") in (
             "completed",
             "failed",
@@ -136,6 +141,39 @@ async def running_cp(cp: ControlPlane) -> AsyncIterator[ControlPlane]:
         yield cp
     finally:
         await cp.stop()
+
+
+def manual_cp(
+    redis: Redis, *, handlers: HandlerRegistry | None = None, **settings: Any
+) -> ControlPlane:
+    """A control plane without a background pump: only the test drains its queue."""
+    return ControlPlane(
+        redis, ControlPlaneSettings(background_pump=False, **settings), handlers=handlers
+    )
+
+
+@asynccontextmanager
+async def serving(cp: ControlPlane, *hosts: RuntimeHost) -> AsyncIterator[ControlPlane]:
+    """Start ``hosts`` (their instances handed to ``cp``'s local provider), then ``cp``;
+    stop them all afterwards."""
+    async with AsyncExitStack() as stack:
+        for host in hosts:
+            await stack.enter_async_context(running_host(host, cp))
+        yield await stack.enter_async_context(running_cp(cp))
+
+
+# Runtime instance settings the suites share (in-process instances, fast heartbeats).
+LOCAL_RUNTIME = InstanceConfig(provider="local", heartbeat_s=0.5)
+SHARED_RUNTIME = InstanceConfig(provider="local", max_concurrent_runs=5, heartbeat_s=0.5)
+TENANT_A_RUNTIME = InstanceConfig(
+    provider="local",
+    tenant_id="tenant-a",
+    isolation_mode=IsolationMode.DEDICATED,
+    allow_shared_fallback=False,
+    runtime_prefix="tenant-a-runtime",
+    max_concurrent_runs=5,
+    heartbeat_s=0.5,
+)
 
 
 class RecordingInstance:
@@ -198,6 +236,19 @@ def descriptor(
 
 async def publish(redis: Redis, desc: InstanceDescriptor, ttl_ms: int = 120_000) -> None:
     await Registry(redis).publish(desc, ttl_ms)
+
+
+async def refusing_tenant_a_runtime(redis: Redis, cp: ControlPlane) -> RecordingInstance:
+    """tenant-a (TENANT_A: Dedicated, no shared fallback) gets one registered runtime,
+    ``tenant-a-runtime-1``, whose every delivery is refused with a DeliveryError."""
+    await Registry(redis).put_tenant(TENANT_A)
+    broken = RecordingInstance("tenant-a-runtime-1", fail=DeliveryError("refused", reason="paused"))
+    cp.local.add(broken)
+    tenant_a = {"tenant_id": "tenant-a", "runtime_prefix": "tenant-a-runtime"}
+    await publish(
+        redis, descriptor(broken.instance_id, isolation_mode=IsolationMode.DEDICATED, **tenant_a)
+    )
+    return broken
 
 
 # Tenant settings of the reference's validated examples (000_*, "tenant runtime settings").

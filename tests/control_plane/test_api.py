@@ -19,9 +19,12 @@ from airuntime.control_plane.api import create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
+from tests.control_plane.support import (
+    manual_cp,
+    refusing_tenant_a_runtime,
+)
 
 PIPELINE = {"id": "api-test", "steps": [{"id": "a", "uses": "echo", "with": {"value": 1}}]}
 TOKENS = {
@@ -36,7 +39,7 @@ TOKENS = {
 async def api(redis: Redis) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
     host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
     await host.start()
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False, scale_out_enabled=False))
+    cp = manual_cp(redis, scale_out_enabled=False)
     for inst in host.instances:
         cp.local.add(inst)
     await cp.start()
@@ -174,3 +177,39 @@ async def test_instances_settings_drain_metrics_and_openapi(api: Any) -> None:
     spec = (await client.get("/openapi.json")).json()
     assert "/v1/runs/{shared_run_id}/cancel" in spec["paths"]
     assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_drain_with_stop_on_failure_stops_at_the_first_failed_delivery(
+    api: Any, redis: Redis
+) -> None:
+    """tenant-a's only runtime refuses every delivery. A drain asked to stop on failure
+    stops at tenant-a's run and leaves the default tenant's run behind it queued; the
+    default drain goes on and dispatches it."""
+    client, cp = api
+    broken = await refusing_tenant_a_runtime(redis, cp)
+    submitted = [
+        (await client.post("/v1/runs", json={"pipeline": PIPELINE}, headers=auth(who))).json()
+        for who in ("alice-a", "admin-x")
+    ]
+    failing, behind = (s["shared_run_id"] for s in submitted)
+
+    stopped = await client.post(
+        "/v1/queue/drain", json={"stop_on_failure": True}, headers=auth("alice-a")
+    )
+    assert stopped.status_code == 200, stopped.text
+    assert {k: v for k, v in stopped.json().items() if k != "seconds"} == {
+        "dispatched": 0,
+        "failed": 1,
+        "cycles": 1,
+        "stopped": "failure",
+    }
+    assert len(broken.contexts) == 1  # one delivery attempt, then the pump stopped
+    assert (await cp.queue.item(failing))["status"] == "Pending"
+    left = await cp.queue.item(behind)
+    assert left["status"] == "Pending" and "claims" not in left  # never even claimed
+    assert await cp.queue.pending_count() == 2
+
+    went_on = (await client.post("/v1/queue/drain", headers=auth("alice-a"))).json()
+    assert (went_on["dispatched"], went_on["failed"], went_on["stopped"]) == (1, 1, "empty")
+    assert (await cp.queue.item(behind))["status"] == "Dispatched"
+    assert (await cp.queue.item(failing))["status"] == "Pending"

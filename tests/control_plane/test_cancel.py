@@ -17,31 +17,31 @@ from redis.asyncio import Redis
 from airuntime.control_plane.admission import AdmissionResult, Decision
 from airuntime.control_plane.scale_out import FulfilledRunRequeuer, ScaleOutPhase
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
-from airuntime.control_plane.shared_runs import ClaimedItem, SharedRunStatus
+from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus
+from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.runs import RunRequest
 from airuntime.fleet.tenancy import TenantSettings
-from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RuntimeInstance
 from tests.control_plane.support import (
+    LOCAL_RUNTIME,
     TENANT_A,
     TINY_PIPELINE,
     drain_until_finished,
+    run_body,
     running_cp,
     running_host,
+    serving,
     snap,
     wait_for,
 )
 
-CONFIG = InstanceConfig(provider="local", heartbeat_s=0.5)
 
-
-async def test_cancelling_a_queued_run_takes_it_out_of_the_shared_queue(redis: Redis) -> None:
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
-    host = RuntimeHost(redis, CONFIG, instances=1)
-    async with running_host(host, cp), running_cp(cp):
+async def test_cancelling_a_queued_run_takes_it_out_of_the_shared_queue(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    async with serving(cp, RuntimeHost(redis, LOCAL_RUNTIME, instances=1)):
         doomed = await cp.submit(TINY_PIPELINE, snap())
         kept = await cp.submit(TINY_PIPELINE, snap())
 
@@ -56,7 +56,7 @@ async def test_cancelling_a_queued_run_takes_it_out_of_the_shared_queue(redis: R
         again = await cp.cancel(doomed.shared_run_id, "default")  # idempotent
         assert again is not None and again.status is SharedRunStatus.CANCELLED
 
-    body = await cp.get(doomed.shared_run_id, "default")
+    body = await run_body(cp, doomed.shared_run_id, "default")
     assert body is not None and body["status"] == "Cancelled"
     assert body["run_id"] is None and "run" not in body
     assert await cp.run_index.run_for_shared(doomed.shared_run_id) is None
@@ -89,17 +89,16 @@ class GatedTarget:
     ],
 )
 async def test_cancel_racing_a_dispatch_is_not_lost(
-    redis: Redis, monkeypatch: pytest.MonkeyPatch, moment: str
+    redis: Redis, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, moment: str
 ) -> None:
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
-    host = RuntimeHost(redis, CONFIG, instances=1)
+    host = RuntimeHost(redis, LOCAL_RUNTIME, instances=1)
     settled = asyncio.Event()
     release_pump = asyncio.Event()
     real_settle = cp.queue.settle
 
-    async def settle(item: ClaimedItem, outcome: str, detail: str = "") -> bool:
+    async def settle(item: ClaimedItem, outcome: QueueItemStatus, detail: str = "") -> bool:
         ok = await real_settle(item, outcome, detail)
-        if outcome == "Dispatched" and moment == "after-settle":
+        if outcome is QueueItemStatus.DISPATCHED and moment == "after-settle":
             settled.set()
             await release_pump.wait()
         return ok
@@ -138,7 +137,7 @@ async def test_cancel_racing_a_dispatch_is_not_lost(
             record = await wait_for(terminal, timeout_s=10, what="the runtime run to end")
             assert record.status.value == "cancelled"
             assert record.execution_id is None  # it never started executing
-            body = await cp.get(srid, "default")
+            body = await run_body(cp, srid, "default")
             assert body is not None
             assert body["run"]["status"] == "cancelled"
             if moment == "delivery-in-flight":
@@ -161,12 +160,15 @@ async def test_cancel_racing_a_dispatch_is_not_lost(
     ],
 )
 async def test_cancel_during_admission_is_not_overwritten_by_the_decision(
-    redis: Redis, monkeypatch: pytest.MonkeyPatch, tenant: TenantSettings, decision: Decision
+    redis: Redis,
+    cp: ControlPlane,
+    monkeypatch: pytest.MonkeyPatch,
+    tenant: TenantSettings,
+    decision: Decision,
 ) -> None:
     """No runtime at all: admission answers RequestScaleOut (or Reject) for a run that was
     cancelled meanwhile. The run stays Cancelled and is never requeued after fulfilment."""
     await Registry(redis).put_tenant(tenant)
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     decided = asyncio.Event()
     proceed = asyncio.Event()
     real_admit = cp.admission.admit

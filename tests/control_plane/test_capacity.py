@@ -17,8 +17,6 @@ from typing import Any
 from redis.asyncio import Redis
 
 from airuntime.control_plane.admission import Decision
-from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.engine.handlers import HandlerRegistry, StepContext
@@ -27,8 +25,9 @@ from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
     drain_until_finished,
-    running_cp,
-    running_host,
+    manual_cp,
+    run_body,
+    serving,
     snap,
     wait_for,
 )
@@ -68,37 +67,42 @@ class Latch:
         await asyncio.wait_for(reached(), 10)
 
 
+FOUR_WORKERS = InstanceConfig(
+    provider="local",
+    workers=4,
+    max_local_workers_per_execution=3,
+    max_concurrent_runs=5,
+    heartbeat_s=0.5,
+    assist=False,
+)
+
+
+async def _capacity_when(
+    registry: Registry, instance_id: str, active_workers: int
+) -> CapacityDescriptor:
+    """The instance's published capacity, once it shows ``active_workers`` busy workers."""
+
+    async def probe() -> CapacityDescriptor | None:
+        d = await registry.get(instance_id)
+        ok = d is not None and d.capacity.active_worker_count == active_workers
+        return d.capacity if ok and d is not None else None
+
+    return await wait_for(probe, timeout_s=10, what=f"{active_workers} active workers")
+
+
 async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
     redis: Redis,
 ) -> None:
     latch = Latch()
     handlers = HandlerRegistry(autoload=True)
     handlers.register("latch", latch)
-    config = InstanceConfig(
-        provider="local",
-        workers=4,
-        max_local_workers_per_execution=3,
-        max_concurrent_runs=5,
-        heartbeat_s=0.5,
-        assist=False,
-    )
-    host = RuntimeHost(redis, config, instances=1, handlers=handlers)
-    cp = ControlPlane(
-        redis,
-        ControlPlaneSettings(background_pump=False, scale_out_enabled=False),
-        handlers=handlers,
-    )
-    registry = Registry(redis)
+    host = RuntimeHost(redis, FOUR_WORKERS, instances=1, handlers=handlers)
+    cp = manual_cp(redis, handlers=handlers, scale_out_enabled=False)
 
     async def capacity_when(active_workers: int) -> CapacityDescriptor:
-        async def probe() -> CapacityDescriptor | None:
-            d = await registry.get(host.instances[0].instance_id)
-            ok = d is not None and d.capacity.active_worker_count == active_workers
-            return d.capacity if ok and d is not None else None
+        return await _capacity_when(Registry(redis), host.instances[0].instance_id, active_workers)
 
-        return await wait_for(probe, timeout_s=10, what=f"{active_workers} active workers")
-
-    async with running_host(host, cp), running_cp(cp):
+    async with serving(cp, host):
         idle = await capacity_when(0)
         assert (idle.worker_count, idle.available_worker_count) == (4, 4)
         assert idle.max_local_workers_per_execution == 3 and idle.can_accept_run
@@ -128,8 +132,8 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
         assert stored is not None and stored.status is SharedRunStatus.QUEUED_GLOBALLY
 
         # While workers are held, each execution's running steps never exceed its share.
-        b1 = await cp.get(run1.shared_run_id, "default")
-        b2 = await cp.get(run2.shared_run_id, "default")
+        b1 = await run_body(cp, run1.shared_run_id, "default")
+        b2 = await run_body(cp, run2.shared_run_id, "default")
         assert b1 is not None and b2 is not None
         e1, e2 = b1["execution_id"], b2["execution_id"]
         assert await redis.zcard(keys.execution_keys(e1).running) == 3

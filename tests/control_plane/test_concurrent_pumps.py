@@ -18,7 +18,8 @@ from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
-from airuntime.control_plane.shared_runs import SharedQueue, SharedRunStatus
+from airuntime.control_plane.shared_queue import SharedQueue
+from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.fleet.runs import RunRequest
@@ -26,10 +27,12 @@ from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RuntimeInstance
 from tests.control_plane.support import (
+    LOCAL_RUNTIME,
     TINY_PIPELINE,
     drain_until_finished,
-    running_cp,
+    manual_cp,
     running_host,
+    serving,
     snap,
     wait_for,
 )
@@ -89,14 +92,7 @@ async def test_concurrent_pumps_dispatch_each_shared_run_exactly_once(
             for cp in pumps:
                 for inst in host.instances:
                     cp.local.add(CountingTarget(inst, deliveries))
-            submitter = pumps[0]
-            srids: list[str] = []
-            for start in range(0, RUNS, 100):
-                batch = await asyncio.gather(
-                    *(submitter.submit(TINY_PIPELINE, snap()) for _ in range(start, start + 100))
-                )
-                srids += [r.shared_run_id for r in batch]
-            assert await submitter.queue.pending_count() == RUNS
+            srids = await _submit_runs(pumps[0])
 
             tasks = [asyncio.create_task(pump(cp)) for cp in pumps]
             gate.set()  # all eight pumps start together
@@ -119,8 +115,25 @@ async def test_concurrent_pumps_dispatch_each_shared_run_exactly_once(
     assert sum(dispatched_by.values()) == RUNS
     assert len([p for p, n in dispatched_by.items() if n > 0]) >= 2  # really concurrent
 
-    # Shared runs, queue items and the run index agree: one RunId per SharedRunId.
-    runs = await pumps[0].runs.list("default", limit=RUNS + 10)
+    await _assert_one_run_id_per_shared_run(valkey, pumps[0], srids, dispatched_by)
+
+
+async def _submit_runs(cp: ControlPlane) -> list[str]:
+    srids: list[str] = []
+    for start in range(0, RUNS, 100):
+        batch = await asyncio.gather(
+            *(cp.submit(TINY_PIPELINE, snap()) for _ in range(start, start + 100))
+        )
+        srids += [r.shared_run_id for r in batch]
+    assert await cp.queue.pending_count() == RUNS
+    return srids
+
+
+async def _assert_one_run_id_per_shared_run(
+    valkey: Redis, cp: ControlPlane, srids: list[str], dispatched_by: Counter[str]
+) -> None:
+    """Shared runs, queue items and the run index agree: one RunId per SharedRunId."""
+    runs = await cp.runs.list("default", limit=RUNS + 10)
     assert len(runs) == RUNS
     assert all(r.status is SharedRunStatus.DISPATCHED and r.run_id for r in runs)
     pumped_by = Counter(r.pump_worker_id for r in runs)
@@ -153,15 +166,10 @@ async def test_pump_dying_between_claim_and_settle_is_recovered_without_double_d
     redis: Redis, delivered_before_death: bool
 ) -> None:
     lease_ms = 300
-    cp = ControlPlane(
-        redis,
-        ControlPlaneSettings(
-            background_pump=False, claim_lease_ms=lease_ms, control_plane_id="cp-live"
-        ),
-    )
-    host = RuntimeHost(redis, InstanceConfig(provider="local", heartbeat_s=0.5), instances=1)
+    cp = manual_cp(redis, claim_lease_ms=lease_ms, control_plane_id="cp-live")
+    host = RuntimeHost(redis, LOCAL_RUNTIME, instances=1)
     snapshot: ExecutionContextSnapshot = snap("default", user_id="u")
-    async with running_host(host, cp), running_cp(cp):
+    async with serving(cp, host):
         run = await cp.submit(TINY_PIPELINE, snapshot)
         srid = run.shared_run_id
 

@@ -6,22 +6,19 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core import keys
 from airuntime.fleet.discovery import read_control_plane, resolve_control_plane_id
 from airuntime.fleet.registry import Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
+from tests.control_plane.support import manual_cp
 
 
 async def test_a_runtime_host_stamps_the_resolved_control_plane_id_on_its_instances(
     redis: Redis,
 ) -> None:
     assert await resolve_control_plane_id(redis) is None
-    cp = ControlPlane(
-        redis, ControlPlaneSettings(background_pump=False, control_plane_id="cp-east-1")
-    )
+    cp = manual_cp(redis, control_plane_id="cp-east-1")
     await cp.start()
     try:
         record = await read_control_plane(redis)
@@ -44,9 +41,7 @@ async def test_resolution_waits_for_a_control_plane_that_starts_later(redis: Red
     waiting = asyncio.create_task(resolve_control_plane_id(redis, wait_s=30, poll_s=0.01))
     await asyncio.sleep(0)
     assert not waiting.done()
-    cp = ControlPlane(
-        redis, ControlPlaneSettings(background_pump=False, control_plane_id="cp-late")
-    )
+    cp = manual_cp(redis, control_plane_id="cp-late")
     await cp.start()
     try:
         assert await waiting == "cp-late"

@@ -18,25 +18,24 @@ from redis.asyncio import Redis
 
 from airuntime.control_plane.admission import AdmissionResult, Decision
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot, current_context, use_context
 from airuntime.fleet.providers import DeliveryError
 from airuntime.fleet.registry import Registry
-from airuntime.fleet.tenancy import IsolationMode
-from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
-    TENANT_A,
+    LOCAL_RUNTIME,
     TENANT_B,
     TINY_PIPELINE,
     RecordingInstance,
     descriptor,
     drain_until_finished,
+    manual_cp,
     publish,
+    refusing_tenant_a_runtime,
     running_cp,
-    running_host,
+    serving,
     snap,
 )
 
@@ -106,7 +105,7 @@ async def test_failed_dispatch_leaves_run_queued_and_leaks_no_context(
     ambient: ExecutionContextSnapshot | None,
 ) -> None:
     await Registry(redis).put_tenant(TENANT_B)  # hybrid, shared fallback allowed
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False, scale_out_enabled=False))
+    cp = manual_cp(redis, scale_out_enabled=False)
     recorder = await _install_failing_target(redis, cp, kind)
     admitted_under = _record_admission_contexts(cp, monkeypatch)
     first = snap("tenant-b", user_id="bob", context_key="k-b")
@@ -150,21 +149,9 @@ async def test_a_failing_runtime_does_not_starve_other_tenants_queued_runs(
 ) -> None:
     """tenant-a's only runtime refuses every delivery; the default tenant's run, queued
     behind tenant-a's, is still dispatched in the same cycle and completes."""
-    await Registry(redis).put_tenant(TENANT_A)
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False, scale_out_enabled=False))
-    broken = RecordingInstance("tenant-a-runtime-1", fail=DeliveryError("refused", reason="paused"))
-    cp.local.add(broken)
-    await publish(
-        redis,
-        descriptor(
-            "tenant-a-runtime-1",
-            isolation_mode=IsolationMode.DEDICATED,
-            tenant_id="tenant-a",
-            runtime_prefix="tenant-a-runtime",
-        ),
-    )
-    host = RuntimeHost(redis, InstanceConfig(provider="local", heartbeat_s=0.5), instances=1)
-    async with running_host(host, cp), running_cp(cp):
+    cp = manual_cp(redis, scale_out_enabled=False)
+    broken = await refusing_tenant_a_runtime(redis, cp)
+    async with serving(cp, RuntimeHost(redis, LOCAL_RUNTIME, instances=1)):
         blocked = await cp.submit(TINY_PIPELINE, snap("tenant-a"))
         behind = await cp.submit(TINY_PIPELINE, snap("default"))
         result = await cp.drain(10)
@@ -181,9 +168,8 @@ async def test_a_failing_runtime_does_not_starve_other_tenants_queued_runs(
 
 
 async def test_queue_item_of_a_missing_shared_run_is_settled_without_dispatch(
-    redis: Redis,
+    redis: Redis, cp: ControlPlane
 ) -> None:
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     recorder = RecordingInstance("runtime-instance-1")
     cp.local.add(recorder)
     await publish(redis, descriptor("runtime-instance-1"))

@@ -19,29 +19,21 @@ from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core.context import ExecutionContextSnapshot, current_context, use_context
 from airuntime.fleet.registry import InstanceDescriptor, Registry
-from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from airuntime.fleet.tenancy import TenantSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
+    SHARED_RUNTIME,
     TENANT_A,
+    TENANT_A_RUNTIME,
     TINY_PIPELINE,
     drain_until_finished,
-    running_cp,
-    running_host,
+    manual_cp,
+    serving,
     snap,
 )
 
 NARROW = InstanceConfig(provider="local", max_concurrent_runs=1, heartbeat_s=0.5)
-WIDE = InstanceConfig(provider="local", max_concurrent_runs=5, heartbeat_s=0.5)
-TENANT_A_RUNTIME = InstanceConfig(
-    provider="local",
-    tenant_id="tenant-a",
-    isolation_mode=IsolationMode.DEDICATED,
-    allow_shared_fallback=False,
-    runtime_prefix="tenant-a-runtime",
-    max_concurrent_runs=5,
-    heartbeat_s=0.5,
-)
 
 
 @pytest.mark.parametrize(
@@ -62,8 +54,8 @@ async def test_pump_identity_is_recorded_but_never_becomes_the_assigned_instance
         worker_id="w7",
     )
     pump_host = RuntimeHost(redis, pump_host_config, instance_ids=[pump_instance])
-    other = RuntimeHost(redis, WIDE, instance_ids=["runtime-instance-2"])
-    async with running_host(pump_host, cp), running_host(other, cp), running_cp(cp):
+    other = RuntimeHost(redis, SHARED_RUNTIME, instance_ids=["runtime-instance-2"])
+    async with serving(cp, pump_host, other):
         run = await cp.submit(TINY_PIPELINE, snap())
         result = await cp.drain(1)
         bodies = await drain_until_finished(cp, {run.shared_run_id: "default"})
@@ -82,18 +74,11 @@ async def test_pump_local_dispatch_requires_an_explicitly_injected_admission_tar
     redis: Redis,
 ) -> None:
     await Registry(redis).put_tenant(TENANT_A)
-    cp = ControlPlane(
-        redis, ControlPlaneSettings(background_pump=False, control_plane_id="runtime-instance-1")
-    )
+    cp = manual_cp(redis, control_plane_id="runtime-instance-1")
     narrow = RuntimeHost(redis, NARROW, instance_ids=["runtime-instance-1"])
-    wide = RuntimeHost(redis, WIDE, instance_ids=["runtime-instance-2"])
+    wide = RuntimeHost(redis, SHARED_RUNTIME, instance_ids=["runtime-instance-2"])
     dedicated = RuntimeHost(redis, TENANT_A_RUNTIME, instance_ids=["tenant-a-runtime-1"])
-    async with (
-        running_host(narrow, cp),
-        running_host(wide, cp),
-        running_host(dedicated, cp),
-        running_cp(cp),
-    ):
+    async with serving(cp, narrow, wide, dedicated):
         local = await cp.submit(TINY_PIPELINE, snap())
         # Injected target = the pump's own instance, although admission alone would
         # choose runtime-instance-2 (more free run slots).
@@ -118,10 +103,9 @@ async def test_pump_local_dispatch_requires_an_explicitly_injected_admission_tar
 
 
 async def test_admission_lists_capacity_under_the_restored_snapshot_not_the_ambient_context(
-    redis: Redis, monkeypatch: pytest.MonkeyPatch
+    redis: Redis, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await Registry(redis).put_tenant(TENANT_A)
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     listed: list[tuple[str, ExecutionContextSnapshot | None]] = []
     real_list = cp.admission.registry.list_visible
 
@@ -130,12 +114,12 @@ async def test_admission_lists_capacity_under_the_restored_snapshot_not_the_ambi
         return await real_list(tenant)
 
     monkeypatch.setattr(cp.admission.registry, "list_visible", list_visible)
-    shared = RuntimeHost(redis, WIDE, instance_ids=["runtime-instance-1"])
+    shared = RuntimeHost(redis, SHARED_RUNTIME, instance_ids=["runtime-instance-1"])
     dedicated = RuntimeHost(redis, TENANT_A_RUNTIME, instance_ids=["tenant-a-runtime-1"])
     snap_a = snap("tenant-a", user_id="alice", project="proj-a", context_key="rbac-a")
     snap_d = snap("default", user_id="dan", context_key="rbac-d", namespaces=("trn:x",))
     ambient = snap("tenant-b", user_id="mallory")
-    async with running_host(shared, cp), running_host(dedicated, cp), running_cp(cp):
+    async with serving(cp, shared, dedicated):
         run_a = await cp.submit(TINY_PIPELINE, snap_a)
         run_d = await cp.submit(TINY_PIPELINE, snap_d)
         with use_context(ambient):

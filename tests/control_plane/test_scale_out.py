@@ -16,7 +16,7 @@ tenant's ``max_instances``: a request at the maximum is Rejected with a reason.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -26,16 +26,19 @@ from airuntime.control_plane.scale_out import LocalScaler, ScaleOutPhase, ScaleO
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
 from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings, default_settings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
+    LOCAL_RUNTIME,
     TENANT_A,
     TENANT_B,
     TINY_PIPELINE,
-    running_cp,
+    manual_cp,
     running_host,
+    serving,
     snap,
     wait_finished,
     wait_for,
@@ -83,15 +86,10 @@ async def test_direct_dispatch_without_capacity_scales_out_requeues_and_complete
         ControlPlaneSettings(submit_mode=SubmitMode.DIRECT_DISPATCH, background_pump=True),
         scale_out_provider=scaler,
     )
-    shared = RuntimeHost(
-        valkey, InstanceConfig(provider="local", heartbeat_s=0.5), instance_ids=["shared-rt-1"]
-    )
+    # A ready shared runtime, visible to default tenants (not to tenant-a).
+    shared = RuntimeHost(valkey, LOCAL_RUNTIME, instance_ids=["shared-rt-1"])
     snapshot = snap(tenant, user_id=f"user-of-{tenant}", context_key="mcp-request-1")
-    async with AsyncExitStack() as stack:
-        if with_shared_runtime:
-            # A ready shared runtime, visible to default tenants (not to tenant-a).
-            await stack.enter_async_context(running_host(shared, cp))
-        await stack.enter_async_context(running_cp(cp))
+    async with serving(cp, *([shared] if with_shared_runtime else [])):
         assert [d.instance_id for d in await registry.list_all()] == (
             ["shared-rt-1"] if with_shared_runtime else []
         )
@@ -122,19 +120,26 @@ async def test_direct_dispatch_without_capacity_scales_out_requeues_and_complete
         assert scaler.started_for(expected_settings.runtime_prefix) == [expected_instance]
         assert len(scaler.processes) == 1  # ActiveLocalInstances = 1
 
+    await _assert_requeued_and_completed_on(cp, body, expected_instance, snapshot)
+    if with_shared_runtime:
+        assert await shared_runs_on(valkey, "shared-rt-1") == 0  # never fell back
+
+
+async def _assert_requeued_and_completed_on(
+    cp: ControlPlane, body: dict[str, Any], instance_id: str, snapshot: ExecutionContextSnapshot
+) -> None:
+    tenant = snapshot.tenant_id
     assert body["status"] == "Dispatched"
-    assert body["assigned_instance_id"] == expected_instance
+    assert body["assigned_instance_id"] == instance_id
     assert body["queue_item"]["status"] == "Dispatched"
     assert body["queue_item"]["enqueues"] == "2"  # submitted, then requeued after fulfilment
     assert body["run_id"] and body["execution_id"]
     assert body["run"]["status"] == "completed"
-    assert body["run"]["instance_id"] == expected_instance
+    assert body["run"]["instance_id"] == instance_id
     assert body["run"]["metadata"]["tenant.id"] == tenant
     assert body["pump_worker_id"] == cp.identity.worker_id  # the pump dispatched it
     record = await cp.run_index.get_for_tenant(body["run_id"], tenant)
     assert record is not None and record.snapshot == snapshot  # restored and carried
-    if with_shared_runtime:
-        assert await shared_runs_on(valkey, "shared-rt-1") == 0  # never fell back
 
 
 async def shared_runs_on(redis: Redis, instance_id: str) -> int:
@@ -158,7 +163,7 @@ async def test_local_scaler_counts_per_runtime_prefix_and_rejects_beyond_tenant_
         InstanceConfig(provider="local", heartbeat_s=0.5),
         instance_ids=["runtime-instance-1"],
     )
-    cp = ControlPlane(valkey, ControlPlaneSettings(background_pump=False))
+    cp = manual_cp(valkey)
     watcher = ScaleOutWatcher(cp.scale_outs, scaler)
     async with running_host(shared):
         first = await cp.scale_outs.create(tenant, "sr-first")

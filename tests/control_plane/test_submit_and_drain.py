@@ -25,26 +25,26 @@ from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
-from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
+    SHARED_RUNTIME,
     TENANT_A,
     TINY_PIPELINE,
     drain_until_finished,
+    manual_cp,
+    run_body,
     running_cp,
     running_host,
+    serving,
     snap,
     wait_finished,
     wait_for,
 )
 
-SHARED = InstanceConfig(provider="local", max_concurrent_runs=5, heartbeat_s=0.5)
-
 
 async def test_queue_first_submit_leaves_run_queued_globally_with_pending_item_and_no_ids(
-    redis: Redis,
+    redis: Redis, cp: ControlPlane
 ) -> None:
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     snapshot = snap("tenant-a", user_id="u-1", project="p", context_key="ctx-9", namespaces=("ns",))
     async with running_cp(cp):
         run = await cp.submit(TINY_PIPELINE, snapshot, metadata={"tenant.id": "spoofed"})
@@ -55,7 +55,7 @@ async def test_queue_first_submit_leaves_run_queued_globally_with_pending_item_a
         assert run.assigned_instance_id is None
         stored = await cp.runs.get(run.shared_run_id)
         assert stored is not None and stored.snapshot == snapshot  # snapshot persisted
-        body = await cp.get(run.shared_run_id, "tenant-a")
+        body = await run_body(cp, run.shared_run_id, "tenant-a")
         assert body is not None
         assert body["queue_item"]["status"] == "Pending"
         assert "run" not in body
@@ -68,12 +68,11 @@ async def test_queue_first_submit_leaves_run_queued_globally_with_pending_item_a
 
 
 async def test_manual_drain_with_local_provider_dispatches_and_runs_to_completion(
-    redis: Redis,
+    redis: Redis, cp: ControlPlane
 ) -> None:
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
-    host = RuntimeHost(redis, SHARED, instances=2)
+    host = RuntimeHost(redis, SHARED_RUNTIME, instances=2)
     snapshot = snap("default", user_id="u-7", context_key="rbac-key")
-    async with running_host(host, cp), running_cp(cp):
+    async with serving(cp, host):
         runs = [await cp.submit(TINY_PIPELINE, snapshot) for _ in range(4)]
         assert all(r.status is SharedRunStatus.QUEUED_GLOBALLY for r in runs)
 
@@ -106,9 +105,9 @@ async def test_manual_drain_with_local_provider_dispatches_and_runs_to_completio
 async def test_background_pump_disabled_keeps_runs_queued_until_manual_drain(
     redis: Redis,
 ) -> None:
-    cp = ControlPlane(redis, ControlPlaneSettings(pump_enabled=True, background_pump=False))
-    host = RuntimeHost(redis, SHARED, instances=1)
-    async with running_host(host, cp), running_cp(cp):
+    cp = manual_cp(redis, pump_enabled=True)
+    host = RuntimeHost(redis, SHARED_RUNTIME, instances=1)
+    async with serving(cp, host):
         assert not any(t.get_name() == "cp-background-pump" for t in cp._tasks)
         run = await cp.submit(TINY_PIPELINE, snap())
         registry = Registry(redis)
@@ -177,7 +176,7 @@ async def test_direct_dispatch_keeps_the_real_admission_decision(
     async with AsyncExitStack() as stack:
         if case == "capacity":
             await stack.enter_async_context(
-                running_host(RuntimeHost(redis, SHARED, instances=1), cp)
+                running_host(RuntimeHost(redis, SHARED_RUNTIME, instances=1), cp)
             )
         await stack.enter_async_context(running_cp(cp))
         # The expected decision, previewed under the tenant's snapshot.

@@ -11,44 +11,35 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.runs import RunRequest, RunStatus
-from airuntime.fleet.tenancy import IsolationMode
-from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
     TENANT_A,
+    TENANT_A_RUNTIME,
     TINY_PIPELINE,
     drain_until_finished,
-    running_cp,
+    run_body,
     running_host,
+    serving,
     snap,
 )
 
-TENANT_A_RUNTIME = InstanceConfig(
-    provider="local",
-    tenant_id="tenant-a",
-    isolation_mode=IsolationMode.DEDICATED,
-    allow_shared_fallback=False,
-    runtime_prefix="tenant-a-runtime",
-    heartbeat_s=0.5,
-)
 
-
-async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(redis: Redis) -> None:
+async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(
+    redis: Redis, cp: ControlPlane
+) -> None:
     await Registry(redis).put_tenant(TENANT_A)
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     host = RuntimeHost(redis, TENANT_A_RUNTIME, instances=1)
-    async with running_host(host, cp), running_cp(cp):
+    async with serving(cp, host):
         run = await cp.submit(TINY_PIPELINE, snap("tenant-a", user_id="alice"))
         srid = run.shared_run_id
 
         # Queued: tenant A sees it, tenant B gets "not found" and cannot cancel it.
-        assert (await cp.get(srid, "tenant-a")) is not None
-        assert await cp.get(srid, "tenant-b") is None
+        assert (await run_body(cp, srid, "tenant-a")) is not None
+        assert await run_body(cp, srid, "tenant-b") is None
         assert await cp.cancel(srid, "tenant-b") is None
         assert [r.shared_run_id for r in await cp.list("tenant-a")] == [srid]
         assert await cp.list("tenant-b") == []
@@ -61,9 +52,9 @@ async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(redis: Redis) -
         body_a = bodies[srid]
         assert body_a["assigned_instance_id"] == "tenant-a-runtime-1"
         assert body_a["run"]["status"] == "completed" and body_a["execution_id"]
-        assert await cp.get(srid, "tenant-b") is None
+        assert await run_body(cp, srid, "tenant-b") is None
         assert await cp.cancel(srid, "tenant-b") is None
-        after = await cp.get(srid, "tenant-a")
+        after = await run_body(cp, srid, "tenant-a")
         assert after is not None and after["run"]["status"] == "completed"
         assert after["reason"] is None  # B's cancel was never recorded
 

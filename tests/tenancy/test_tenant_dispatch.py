@@ -13,31 +13,24 @@ from redis.asyncio import Redis
 
 from airuntime.control_plane.admission import Decision
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
+from airuntime.control_plane.settings import SubmitMode
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
+    SHARED_RUNTIME,
     TENANT_A,
+    TENANT_A_RUNTIME,
     TENANT_B,
     TINY_PIPELINE,
     drain_until_finished,
-    running_cp,
-    running_host,
+    manual_cp,
+    serving,
     snap,
 )
 
-SHARED_RT = InstanceConfig(provider="local", max_concurrent_runs=5, heartbeat_s=0.5)
-TENANT_A_RT = InstanceConfig(
-    provider="local",
-    tenant_id="tenant-a",
-    isolation_mode=IsolationMode.DEDICATED,
-    allow_shared_fallback=False,
-    runtime_prefix="tenant-a-runtime",
-    heartbeat_s=0.5,
-)
 TENANT_B_RT = InstanceConfig(
     provider="local",
     tenant_id="tenant-b",
@@ -47,22 +40,18 @@ TENANT_B_RT = InstanceConfig(
 )
 
 
-async def test_each_tenant_lands_on_its_own_runtime_when_all_exist(redis: Redis) -> None:
+async def test_each_tenant_lands_on_its_own_runtime_when_all_exist(
+    redis: Redis, cp: ControlPlane
+) -> None:
     registry = Registry(redis)
     await registry.put_tenant(TENANT_A)
     await registry.put_tenant(TENANT_B)
-    cp = ControlPlane(redis, ControlPlaneSettings(background_pump=False))
     hosts = [
-        RuntimeHost(redis, SHARED_RT, instance_ids=["runtime-instance-1"]),
-        RuntimeHost(redis, TENANT_A_RT, instance_ids=["tenant-a-runtime-1"]),
+        RuntimeHost(redis, SHARED_RUNTIME, instance_ids=["runtime-instance-1"]),
+        RuntimeHost(redis, TENANT_A_RUNTIME, instance_ids=["tenant-a-runtime-1"]),
         RuntimeHost(redis, TENANT_B_RT, instance_ids=["tenant-b-runtime-1"]),
     ]
-    async with (
-        running_host(hosts[0], cp),
-        running_host(hosts[1], cp),
-        running_host(hosts[2], cp),
-        running_cp(cp),
-    ):
+    async with serving(cp, *hosts):
         runs = {
             t: (await cp.submit(TINY_PIPELINE, snap(t))).shared_run_id
             for t in ("default", "tenant-a", "tenant-b")
@@ -92,12 +81,9 @@ async def test_shared_fallback_only_when_the_tenant_allows_it(
     registry = Registry(redis)
     await registry.put_tenant(TENANT_A)
     await registry.put_tenant(TENANT_B)
-    cp = ControlPlane(
-        redis,
-        ControlPlaneSettings(submit_mode=SubmitMode.DIRECT_DISPATCH, background_pump=False),
-    )
-    shared = RuntimeHost(redis, SHARED_RT, instance_ids=["runtime-instance-1"])
-    async with running_host(shared, cp), running_cp(cp):
+    cp = manual_cp(redis, submit_mode=SubmitMode.DIRECT_DISPATCH)
+    shared = RuntimeHost(redis, SHARED_RUNTIME, instance_ids=["runtime-instance-1"])
+    async with serving(cp, shared):
         run = await cp.submit(TINY_PIPELINE, snap(tenant))
         if placed is None:
             assert run.status is SharedRunStatus.SCALE_OUT_REQUESTED

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.control_plane.admission import Admission, Decision
+from airuntime.control_plane.admission import Admission, Assign, Decision
 from airuntime.core.context import use_context
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
@@ -151,7 +151,7 @@ async def test_admission_assigns_only_tenant_visible_capacity(
         for _ in range(4):
             result = await admission.admit()
             decisions.append(result.decision)
-            if result.instance is not None:
+            if isinstance(result, Assign):
                 picks.append(result.instance.instance_id)
     assert picks[:2] == [own, own]  # preferred own capacity, two slots reserved
     if fallback is None:

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from airuntime.control_plane.scale_out.requests import ScaleOutRejected, ScaleOutRequest
 from airuntime.fleet.registry import Registry
-from airuntime.fleet.tenancy import TenantSettings
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class LocalScaler:
             str(self.heartbeat_s),
             *self.extra_args,
         ]
-        if tenant.isolation_mode.value != "Shared":
+        if tenant.isolation_mode is not IsolationMode.SHARED:
             args += ["--tenant", tenant.tenant_id]
             if tenant.tenant_group_id:
                 args += ["--tenant-group", tenant.tenant_group_id]

@@ -8,7 +8,6 @@ operator) creates the capacity and the request records the outcome.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from enum import StrEnum
@@ -16,13 +15,11 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
 
+from airuntime.control_plane.json_records import update_record
 from airuntime.core import keys
 from airuntime.core.errors import AirError
 from airuntime.fleet.tenancy import TenantSettings
-
-log = logging.getLogger(__name__)
 
 
 class ScaleOutPhase(StrEnum):
@@ -102,26 +99,17 @@ class ScaleOutStore:
     ) -> ScaleOutRequest | None:
         """Compare-and-set: apply ``changes`` only if the phase is in ``expect`` (and,
         with ``unless_requeued``, the run was not requeued yet)."""
+
+        def apply(req: ScaleOutRequest) -> ScaleOutRequest | None:
+            if expect is not None and req.phase not in expect:
+                return None
+            if unless_requeued and req.requeued:
+                return None
+            return req.model_copy(update=changes)
+
         key = keys.scale_out_request(request_id)
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return None
-                    req = ScaleOutRequest.model_validate_json(raw)
-                    if expect is not None and req.phase not in expect:
-                        return None
-                    if unless_requeued and req.requeued:
-                        return None
-                    new = req.model_copy(update=changes)
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, new.model_dump_json())
-                    await pipe.execute()
-                    return new
-                except WatchError:
-                    continue
+        updated = await update_record(self.redis, key, ScaleOutRequest, apply)
+        return None if updated is None else updated[1]
 
     async def list(self, limit: int = 500) -> list[ScaleOutRequest]:
         ids: list[Any] = await self.redis.zrevrange(keys.scale_out_requests(), 0, limit - 1)

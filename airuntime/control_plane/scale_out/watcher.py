@@ -19,7 +19,8 @@ from airuntime.control_plane.scale_out.requests import (
     ScaleOutStore,
     now_ms,
 )
-from airuntime.control_plane.shared_runs import SharedQueue, SharedRunStatus, SharedRunStore
+from airuntime.control_plane.shared_queue import SharedQueue
+from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,109 @@
+"""The pumps: repeat dispatch cycles, on demand (drain) or in the background.
+
+:class:`SharedQueuePump` runs cycles of the
+:class:`~airuntime.control_plane.dispatch.SharedRunDispatcher` until ``max_count``
+cycles ran, no Pending item is left, a cycle failed while the options ask to stop
+at a failure, or it is cancelled. :class:`BackgroundPump` does that continuously once
+its readiness gate passed (a registered runtime is ready to accept a run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.dispatch import DispatchResult, SharedRunDispatcher
+from airuntime.fleet.registry import InstanceStatus, Registry
+
+
+class PumpStop(StrEnum):
+    """Why a pump stopped."""
+
+    EMPTY = "empty"
+    MAX_COUNT = "max_count"
+    FAILURE = "failure"
+
+
+@dataclass
+class PumpResult:
+    dispatched: int = 0
+    failed: int = 0
+    cycles: int = 0
+    stopped: PumpStop = PumpStop.MAX_COUNT
+    results: list[DispatchResult] = field(default_factory=list)
+
+
+class SharedQueuePump:
+    """Runs dispatch cycles: until max count, an empty queue, a stopping failure or cancel."""
+
+    def __init__(self, dispatcher: SharedRunDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    async def pump_once(
+        self, max_count: int = 100, *, stop_on_failure: bool = False, target: str | None = None
+    ) -> PumpResult:
+        """Pump up to ``max_count`` cycles.
+
+        ``stop_on_failure`` stops at the first cycle that neither dispatched nor just
+        left its run waiting in the queue (QueueGlobally is no failure), leaving the
+        items behind it queued.
+        """
+        result = PumpResult()
+        no_capacity: set[str] = set()
+        while result.cycles < max_count:
+            r = await self.dispatcher.dispatch_next(
+                skip_tenants=frozenset(no_capacity), target=target
+            )
+            if r.empty:
+                result.stopped = PumpStop.EMPTY
+                break
+            result.cycles += 1
+            result.results.append(r)
+            if r.success:
+                result.dispatched += 1
+                continue
+            result.failed += 1
+            if r.requeued and r.tenant_id:
+                # The item is back at the head of the queue: skip this tenant for the
+                # rest of the cycle, so the same item is not re-claimed until max_count
+                # and the other tenants' items behind it are not starved.
+                no_capacity.add(r.tenant_id)
+            if stop_on_failure and r.decision is not Decision.QUEUE:
+                result.stopped = PumpStop.FAILURE
+                break
+        return result
+
+
+class BackgroundPump:
+    """Pumps continuously once the readiness gate passed (a ready runtime is visible)."""
+
+    def __init__(
+        self, pump: SharedQueuePump, registry: Registry, *, idle_s: float = 0.05, batch: int = 100
+    ) -> None:
+        self.pump = pump
+        self.registry = registry
+        self.idle_s = idle_s
+        self.batch = batch
+        self.ready = asyncio.Event()
+        self.wake = asyncio.Event()
+
+    async def wait_ready(self) -> None:
+        """The readiness gate: at least one registered, ready runtime that can accept a run."""
+        while True:
+            for d in await self.registry.list_all():
+                if d.status is InstanceStatus.READY and d.capacity.can_accept_run:
+                    self.ready.set()
+                    return
+            await asyncio.sleep(self.idle_s)
+
+    async def run(self) -> None:
+        await self.wait_ready()
+        while True:
+            result = await self.pump.pump_once(self.batch)
+            if result.dispatched == 0:
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.idle_s)
