@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from airuntime.core import keys
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.fleet.discovery import resolve_control_plane_id
-from runtime_pod.config import InstanceConfig
+from airuntime.fleet.instance_settings import InstanceConfig
 from runtime_pod.instance import InstanceHooks, RunRefused, RuntimeInstance
 from runtime_pod.metrics import RuntimeMetrics
 from runtime_pod.settings_store import RuntimeSettings, SettingsError, SettingsStore

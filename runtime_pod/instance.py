@@ -35,10 +35,12 @@ from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.core.tasks import cancel_and_wait
+from airuntime.core.validation import format_validation_error
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
+from airuntime.fleet.instance_settings import InstanceConfig
 from airuntime.fleet.registry import (
     CapacityDescriptor,
     InstanceDescriptor,
@@ -48,7 +50,6 @@ from airuntime.fleet.registry import (
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings, is_visible
-from runtime_pod.config import InstanceConfig
 from runtime_pod.step_slots import StepSlotController
 
 log = logging.getLogger(__name__)
@@ -183,9 +184,8 @@ class RuntimeInstance:
             try:
                 request = RunRequest.model_validate(request)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"])
-                raise RunRefused(f"run request {loc}: {first['msg']}", reason="invalid") from None
+                problem = format_validation_error(exc, with_value=False)
+                raise RunRefused(f"run request {problem}", reason="invalid") from None
         existing = await self.index.run_for_shared(request.shared_run_id)
         if existing is not None and (await self.index.get_unchecked(existing)) is not None:
             return existing
