@@ -541,6 +541,18 @@ def test_redis_for_process_uses_env_var_and_starts_nothing(
         assert url == "redis://db.example.invalid:6380/3"
 
 
+def test_redis_for_process_prefers_a_given_url_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("must not start a server when a URL is given")
+
+    monkeypatch.setattr(EmbeddedServer, "_launch", forbidden)
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://from-env.invalid:6379/0")
+    with redis_for_process("redis://given.invalid:6380/1") as url:
+        assert url == "redis://given.invalid:6380/1"
+
+
 def test_redis_for_process_starts_embedded_when_env_unset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
