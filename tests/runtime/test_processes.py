@@ -75,6 +75,19 @@ async def _ready(proc: asyncio.subprocess.Process) -> dict[str, Any]:
                 return event
 
 
+async def _terminated(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM, then the exit code (a clean shutdown drains and unregisters)."""
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def _killed(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL a process the test left running (its assertions failed)."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
 async def _listed(url: str) -> dict[str, dict[str, Any]]:
     code, out, err = await _airt("instances", "--json", env=subprocess_env(url))
     assert code == 0, err
@@ -113,12 +126,9 @@ async def test_airt_runtime_is_listed_by_airt_instances_before_a_heartbeat_and_g
         assert desc["capacity"]["worker_count"] == 3 and desc["capacity"]["can_accept_run"]
         assert desc["endpoint"].startswith("http://127.0.0.1:")
 
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await _terminated(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _killed(proc)
     assert await _listed(url) == {}
     assert await runtime.registry.get("px-1") is None
 
@@ -156,9 +166,7 @@ async def test_a_killed_instance_loses_nothing_its_execution_and_queued_runs_fin
         proc.send_signal(signal.SIGKILL)
         await asyncio.wait_for(proc.wait(), 30)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _killed(proc)
     [eid] = execution
     for run_id in waiting:
         record = await runtime.index.get_for_tenant(run_id, "tenant-a")
@@ -226,9 +234,6 @@ async def test_a_runtime_configured_only_by_the_operators_pod_env_is_its_pools_i
         assert (capacity["worker_count"], capacity["max_concurrent_runs"]) == (6, 2)
         assert (capacity["queue_capacity"], capacity["max_local_workers_per_execution"]) == (40, 3)
         assert desc["endpoint"].startswith("http://127.0.0.1:")
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await _terminated(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _killed(proc)
