@@ -38,7 +38,7 @@ from airuntime.control_plane.settings import (
     SubmitMode,
 )
 from airuntime.core.errors import ConfigError
-from airuntime.core.settings import REDIS_URL_ENV
+from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV
 from airuntime.devstack.embedded import redis_for_process
 
 
@@ -103,7 +103,7 @@ def demo(
 def _start_local_stack() -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """`airt up` in a private AIRUNTIME_HOME (own embedded Valkey); its state file."""
     home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
-    env = {**os.environ, "AIRUNTIME_HOME": str(home), "COLUMNS": "120"}
+    env = {**os.environ, HOME_ENV: str(home), "COLUMNS": "120"}
     env.pop(REDIS_URL_ENV, None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "airuntime.cli", "up", "--port", "0"],

@@ -17,7 +17,7 @@ from typing import Final
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ENV_PREFIX", "REDIS_URL_ENV", "EnvSettings", "env_name"]
+__all__ = ["ENV_PREFIX", "HOME_ENV", "REDIS_URL_ENV", "EnvSettings", "env_name"]
 
 ENV_PREFIX: Final = "AIRUNTIME_"
 
@@ -30,6 +30,10 @@ def env_name(field: str) -> str:
 REDIS_URL_ENV: Final = env_name("redis_url")
 """The shared Redis/Valkey every process of one system uses (unset or empty: none given;
 ``airt run``/``up`` then start a private embedded Valkey)."""
+
+HOME_ENV: Final = env_name("home")
+"""The directory of a user's local state (``airt up``'s state file, runtime settings,
+logs); unset or empty: ``~/.airuntime``."""
 
 
 class EnvSettings(BaseSettings):

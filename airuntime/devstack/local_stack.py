@@ -33,6 +33,7 @@ from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import connect
+from airuntime.core.settings import HOME_ENV
 from airuntime.core.validation import format_validation_error
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
@@ -45,7 +46,7 @@ class TenantsFile(BaseModel):
 
 
 def airuntime_home() -> Path:
-    return Path(os.environ.get("AIRUNTIME_HOME") or Path.home() / ".airuntime")
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime")
 
 
 def state_file() -> Path:
