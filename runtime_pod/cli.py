@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import json
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 
-from airuntime.cli.common import console, invalid, option_help, settings_from_options
+from airuntime.cli.common import console, invalid, setting_option, settings_from_options
 from airuntime.core.redis_client import connect
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.fleet.instance_settings import InstanceSettings
@@ -35,9 +36,8 @@ settings_app = typer.Typer(help="Live runtime settings (persisted in the setting
 runtime_app.add_typer(settings_app, name="settings")
 
 
-def _setting(field: str, *flags: str, text: str | None = None) -> Any:
-    """The option of an InstanceSettings field: default None (= not given)."""
-    return typer.Option(*flags, help=option_help(InstanceSettings, field, text))
+_setting = partial(setting_option, InstanceSettings)
+"""The option of a InstanceSettings field."""
 
 
 _SETTINGS_FILE_ENV = InstanceSettings.env_var("settings_file")

@@ -34,10 +34,10 @@ __all__ = [
     "compile_argument",
     "console",
     "invalid",
-    "option_help",
     "out",
     "parse_kv",
     "pipeline_document",
+    "setting_option",
     "settings_from_options",
 ]
 
@@ -124,8 +124,12 @@ def settings_from_options(model: type[S], ctx: typer.Context) -> S:
         raise invalid(format_validation_error(exc, where=where)) from None
 
 
-def option_help(model: type[EnvSettings], field: str, text: str | None = None) -> str:
-    """Help of an option read from a settings field: ``text`` (default: the field's
-    description, which states its default) and the variable it overrides."""
+def setting_option(
+    model: type[EnvSettings], field: str, *flags: str, text: str | None = None
+) -> Any:
+    """The option of a settings field, for :func:`settings_from_options`: default
+    ``None`` (not given); its help is ``text`` (default: the field's description, which
+    states the default) and names the variable it overrides."""
     about = " ".join((text or model.model_fields[field].description or "").split())
-    return f"{about.replace('``', '')} (env {model.env_var(field)})".strip()
+    help_text = f"{about.replace('``', '')} (env {model.env_var(field)})".strip()
+    return typer.Option(*flags, help=help_text)

@@ -9,12 +9,13 @@ overridden by the option of the same name when it is given.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from airuntime.cli.common import invalid, option_help, settings_from_options
+from airuntime.cli.common import invalid, setting_option, settings_from_options
 from airuntime.control_plane.rbac import Authenticator
 from airuntime.control_plane.settings import (
     ControlPlaneServerSettings,
@@ -29,9 +30,8 @@ if TYPE_CHECKING:
     from airuntime.control_plane.scale_out import ScaleOutProvider
 
 
-def _setting(field: str, *flags: str, text: str | None = None) -> Any:
-    """The option of a ControlPlaneServerSettings field: default None (= not given)."""
-    return typer.Option(*flags, help=option_help(ControlPlaneServerSettings, field, text))
+_setting = partial(setting_option, ControlPlaneServerSettings)
+"""The option of a ControlPlaneServerSettings field."""
 
 
 def control_plane(
