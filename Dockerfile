@@ -2,10 +2,14 @@
 #
 # airuntime image: one image for every process; the command picks which one.
 #
-#   docker build -t airuntime:0.1.0 .
-#   docker run --rm airuntime:0.1.0 control-plane     # airt control-plane
-#   docker run --rm airuntime:0.1.0 runtime           # airt runtime
-#   docker run --rm airuntime:0.1.0 operator          # airt operator
+#   version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+#   docker build --build-arg AIRUNTIME_VERSION="$version" -t "airuntime:$version" .
+#   docker run --rm "airuntime:$version" control-plane     # airt control-plane
+#   docker run --rm "airuntime:$version" runtime           # airt runtime
+#   docker run --rm "airuntime:$version" operator          # airt operator
+#
+# The version lives in pyproject.toml only; the image's version label takes it from
+# the AIRUNTIME_VERSION build argument.
 #
 # Stage 1 (builder) builds wheels of the project and of all its dependencies
 # (with the `kubernetes` extra: kopf and the kubernetes client, which the operator
@@ -41,9 +45,11 @@ RUN pip wheel --wheel-dir /wheels ".[kubernetes]"
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
 
+ARG AIRUNTIME_VERSION=unknown
+
 LABEL org.opencontainers.image.title="airuntime" \
       org.opencontainers.image.description="Deterministic runtime for AI workflows: control plane, runtime instances and Kubernetes operator" \
-      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.version="${AIRUNTIME_VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 # AIRUNTIME_HOME and HOME live under /tmp: the chart mounts a writable emptyDir

@@ -6,10 +6,8 @@ capacity descriptor and is a dispatch target; the host's own identity never is (
 is not registered). One instance per process is the default, one per pod on
 Kubernetes (where the id is the pod name).
 
-HTTP (FastAPI): ``/healthz``; ``/readyz`` (200 once every child is registered and
-publishing capacity); ``/metrics``; ``POST /v1/instances/{id}/runs`` (the ``http``
-provider's intake); ``GET /v1/settings`` and ``PUT /v1/settings/{key}`` (live
-settings, persisted).
+Its HTTP API (probes, metrics, the ``http`` provider's intake, live settings) is in
+:mod:`runtime_pod.http_api`.
 """
 
 from __future__ import annotations
@@ -20,28 +18,20 @@ import logging
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request, Response
-from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
+from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.fleet.discovery import resolve_control_plane_id
-from runtime_pod.config import InstanceConfig
-from runtime_pod.instance import InstanceHooks, RunRefused, RuntimeInstance
+from airuntime.fleet.instance_settings import InstanceConfig
+from runtime_pod.http_api import host_router
+from runtime_pod.instance import InstanceHooks, RuntimeInstance
 from runtime_pod.metrics import RuntimeMetrics
-from runtime_pod.settings_store import RuntimeSettings, SettingsError, SettingsStore
+from runtime_pod.settings_store import RuntimeSettings, SettingsStore
 from runtime_pod.step_slots import StepSlotController
 
 log = logging.getLogger(__name__)
-
-
-class SettingValue(BaseModel):
-    # Any JSON value: the settings store validates it strictly and answers 400 naming
-    # the key and value (``int | str`` here turned ``true`` into 1 and 4.5 into a 422).
-    value: Any
 
 
 async def allocate_instance_ids(redis: Redis, prefix: str, count: int) -> list[str]:
@@ -170,66 +160,9 @@ class RuntimeHost:
     # -- HTTP -------------------------------------------------------------------------
 
     def app(self) -> FastAPI:
+        """The host's HTTP API (:mod:`runtime_pod.http_api`)."""
         app = FastAPI(title="airuntime runtime host", version="v1")
-
-        @app.get("/healthz")
-        async def healthz() -> dict[str, str]:
-            return {"status": "ok"}
-
-        @app.get("/readyz")
-        async def readyz() -> Response:
-            if self.ready:
-                return JSONResponse(
-                    {"status": "ready", "instances": [i.instance_id for i in self.instances]}
-                )
-            return JSONResponse({"status": "starting"}, status_code=503)
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-        @app.post("/v1/instances/{instance_id}/runs")
-        async def accept(instance_id: str, request: Request) -> Response:
-            inst = self.instance(instance_id)
-            if inst is None:
-                raise HTTPException(404, f"runtime instance {instance_id!r} is not hosted here")
-            try:
-                body = await request.json()
-            except ValueError:
-                return JSONResponse(
-                    {"error": "body is not JSON", "reason": "invalid"}, status_code=400
-                )
-            if not isinstance(body, dict):
-                return JSONResponse(
-                    {"error": "run request must be a JSON object", "reason": "invalid"},
-                    status_code=400,
-                )
-            try:
-                run_id = await inst.accept(body)
-            except RunRefused as exc:
-                code = 400 if exc.reason == "invalid" else 409
-                return JSONResponse({"error": str(exc), "reason": exc.reason}, status_code=code)
-            return JSONResponse({"run_id": run_id}, status_code=202)
-
-        @app.get("/v1/instances")
-        async def instances() -> list[dict[str, Any]]:
-            return [(await i.descriptor()).model_dump(mode="json") for i in self.instances]
-
-        @app.get("/v1/settings")
-        async def get_settings() -> dict[str, Any]:
-            limit = self.instances[0].slots.limit if self.instances else 0
-            return {"max_concurrent_step_tasks": limit}
-
-        @app.put("/v1/settings/{key}")
-        async def put_setting(key: str, body: SettingValue) -> dict[str, Any]:
-            if self.settings_store is None:
-                raise HTTPException(409, "this host has no settings file")
-            try:
-                settings = self.settings_store.set(key, body.value)
-            except SettingsError as exc:
-                raise HTTPException(400, str(exc)) from None
-            return settings.model_dump()
-
+        app.include_router(host_router(self))
         return app
 
     async def _start_http(self) -> None:

@@ -35,10 +35,12 @@ from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.core.tasks import cancel_and_wait
+from airuntime.core.validation import format_validation_error
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
+from airuntime.fleet.instance_settings import InstanceConfig
 from airuntime.fleet.registry import (
     CapacityDescriptor,
     InstanceDescriptor,
@@ -48,7 +50,6 @@ from airuntime.fleet.registry import (
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings, is_visible
-from runtime_pod.config import InstanceConfig
 from runtime_pod.step_slots import StepSlotController
 
 log = logging.getLogger(__name__)
@@ -183,9 +184,8 @@ class RuntimeInstance:
             try:
                 request = RunRequest.model_validate(request)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"])
-                raise RunRefused(f"run request {loc}: {first['msg']}", reason="invalid") from None
+                problem = format_validation_error(exc, with_value=False)
+                raise RunRefused(f"run request {problem}", reason="invalid") from None
         existing = await self.index.run_for_shared(request.shared_run_id)
         if existing is not None and (await self.index.get_unchecked(existing)) is not None:
             return existing
@@ -444,46 +444,49 @@ class RuntimeInstance:
         )
 
     async def _adopt_orphans(self) -> None:
+        """Take over what dead instances left behind (queued runs into this queue,
+        running executions here) for tenants this instance may serve, and resume own
+        running runs that execute nowhere."""
         if self._stopping:
             return
-        live = {d.instance_id for d in await self.registry.list_all()}
-        live.add(self.instance_id)
+        live = {d.instance_id for d in await self.registry.list_all()} | {self.instance_id}
         for state in (RunStatus.QUEUED, RunStatus.RUNNING):
             for run_id in await self.index.in_state(state):
                 loaded = await self.index.get_unchecked(run_id)
-                if loaded is None:
-                    continue
-                record, request = loaded
-                if record.status is not state:
-                    continue
-                if record.instance_id == self.instance_id:
-                    # Ours but not executing here (adopted when no worker was free, or
-                    # this id restarted): resume it once a worker is free.
-                    if state is RunStatus.RUNNING and run_id not in self.participations:
-                        self._launch(record, request, assisting=False)
-                    continue
-                if record.instance_id in live:
-                    continue
-                tenant = await self.registry.tenant(record.tenant_id)
-                if not self._may_serve(tenant):
-                    continue
-                if state is RunStatus.RUNNING and self.available_workers == 0:
-                    continue
-                if not await self.index.adopt(run_id, record.instance_id, self.instance_id):
-                    continue
-                log.warning(
-                    "%s adopted %s run %s from %s",
-                    self.instance_id,
-                    state.value,
-                    run_id,
-                    record.instance_id,
-                )
-                if state is RunStatus.QUEUED:
-                    await self.index.remove_queued(record.instance_id, run_id)
-                    await self.redis.rpush(keys.instance_queue(self.instance_id), run_id)
-                else:
-                    adopted = record.model_copy(update={"instance_id": self.instance_id})
-                    self._launch(adopted, request, assisting=False)
+                if loaded is not None and loaded[0].status is state:
+                    await self._reconcile(*loaded, live=live)
+
+    async def _reconcile(self, record: RunRecord, request: RunRequest, *, live: set[str]) -> None:
+        """One queued or running run: resume it if it is ours, adopt it if orphaned."""
+        if record.instance_id == self.instance_id:
+            # Ours but not executing here (adopted when no worker was free, or this id
+            # restarted): resume it once a worker is free.
+            if record.status is RunStatus.RUNNING and record.run_id not in self.participations:
+                self._launch(record, request, assisting=False)
+            return
+        if record.instance_id in live or not await self._may_adopt(record):
+            return
+        if not await self.index.adopt(record.run_id, record.instance_id, self.instance_id):
+            return  # another instance was first
+        log.warning(
+            "%s adopted %s run %s from %s",
+            self.instance_id,
+            record.status.value,
+            record.run_id,
+            record.instance_id,
+        )
+        if record.status is RunStatus.QUEUED:
+            await self.index.remove_queued(record.instance_id, record.run_id)
+            await self.redis.rpush(keys.instance_queue(self.instance_id), record.run_id)
+        else:
+            adopted = record.model_copy(update={"instance_id": self.instance_id})
+            self._launch(adopted, request, assisting=False)
+
+    async def _may_adopt(self, record: RunRecord) -> bool:
+        """The run's tenant may use this instance, and a running run finds a worker."""
+        if not self._may_serve(await self.registry.tenant(record.tenant_id)):
+            return False
+        return record.status is not RunStatus.RUNNING or self.available_workers > 0
 
     async def _assist(self) -> None:
         """Lend idle workers to running executions owned by other live instances."""

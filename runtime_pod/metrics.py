@@ -7,7 +7,7 @@ instance hooks (step outcomes, slot waits, run state changes).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -64,61 +64,40 @@ class _InstanceCollector(Collector):
         return list(self._collect())
 
     def _collect(self) -> Iterator[Metric]:
-        labels = ["instance"]
-        workers_active = GaugeMetricFamily(
-            "airuntime_workers_active", "Workers in use.", labels=labels
-        )
-        workers_available = GaugeMetricFamily(
-            "airuntime_workers_available", "Workers free for new executions.", labels=labels
-        )
-        runs_running = GaugeMetricFamily(
-            "airuntime_runs_running", "Runs executing here.", labels=labels
-        )
-        slots_active = GaugeMetricFamily(
-            "airuntime_step_slots_active", "Step handlers holding a slot.", labels=labels
-        )
-        slots_queued = GaugeMetricFamily(
-            "airuntime_step_slots_queued", "Step handlers waiting for a slot.", labels=labels
-        )
-        claims = GaugeMetricFamily(
-            "airuntime_claims", "Steps claimed by this instance's pool.", labels=labels
-        )
-        conflicts = GaugeMetricFamily(
-            "airuntime_claim_conflicts",
-            "Claims lost to another worker or stale completions.",
-            labels=labels,
-        )
-        recoveries = GaugeMetricFamily(
-            "airuntime_lease_recoveries",
-            "Expired step leases this instance returned to Ready.",
-            labels=labels,
-        )
-        queue = GaugeMetricFamily(
-            "airuntime_queue_depth",
-            "Runs accepted and not started (at the last heartbeat).",
-            labels=labels,
-        )
-        for inst in self.instances:
-            i = [inst.instance_id]
-            if inst.last_capacity is not None:
-                queue.add_metric(i, inst.last_capacity.queued_run_count)
-            workers_active.add_metric(i, inst.active_workers)
-            workers_available.add_metric(i, inst.available_workers)
-            runs_running.add_metric(i, inst.running_runs)
-            slots_active.add_metric(i, inst.slots.active)
-            slots_queued.add_metric(i, inst.slots.queued)
-            stats = inst.pool.stats
-            claims.add_metric(i, stats.claimed)
-            conflicts.add_metric(i, stats.claim_conflicts + stats.stale_rejections)
-            recoveries.add_metric(i, stats.recovered)
-        yield from (
-            queue,
-            workers_active,
-            workers_available,
-            runs_running,
-            slots_active,
-            slots_queued,
-            claims,
-            conflicts,
-            recoveries,
-        )
+        for name, documentation, value in _GAUGES:
+            family = GaugeMetricFamily(name, documentation, labels=["instance"])
+            for inst in self.instances:
+                current = value(inst)
+                if current is not None:
+                    family.add_metric([inst.instance_id], current)
+            yield family
+
+
+def _queued(inst: RuntimeInstance) -> float | None:
+    return None if inst.last_capacity is None else inst.last_capacity.queued_run_count
+
+
+_GAUGES: tuple[tuple[str, str, Callable[[RuntimeInstance], float | None]], ...] = (
+    ("airuntime_queue_depth", "Runs accepted and not started (at the last heartbeat).", _queued),
+    ("airuntime_workers_active", "Workers in use.", lambda i: i.active_workers),
+    (
+        "airuntime_workers_available",
+        "Workers free for new executions.",
+        lambda i: i.available_workers,
+    ),
+    ("airuntime_runs_running", "Runs executing here.", lambda i: i.running_runs),
+    ("airuntime_step_slots_active", "Step handlers holding a slot.", lambda i: i.slots.active),
+    ("airuntime_step_slots_queued", "Step handlers waiting for a slot.", lambda i: i.slots.queued),
+    ("airuntime_claims", "Steps claimed by this instance's pool.", lambda i: i.pool.stats.claimed),
+    (
+        "airuntime_claim_conflicts",
+        "Claims lost to another worker or stale completions.",
+        lambda i: i.pool.stats.claim_conflicts + i.pool.stats.stale_rejections,
+    ),
+    (
+        "airuntime_lease_recoveries",
+        "Expired step leases this instance returned to Ready.",
+        lambda i: i.pool.stats.recovered,
+    ),
+)
+"""Gauges read from each instance at scrape time: name, help, value (None: not yet known)."""

@@ -35,10 +35,12 @@ import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from airuntime.core.settings import HOME_ENV
 
 __all__ = [
     "RuntimeSettings",
@@ -49,7 +51,6 @@ __all__ = [
     "default_settings_path",
 ]
 
-HOME_ENV: Final = "AIRUNTIME_HOME"
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
 

@@ -22,9 +22,9 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
 
+from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack import embedded
 from airuntime.devstack.embedded import (
-    ENV_VAR,
     EmbeddedServer,
     EmbeddedServerError,
     open_redis,
@@ -89,7 +89,7 @@ def sync_client(url: str) -> sync_redis.Redis:
 
 @pytest.fixture
 def no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
 
 
 # --------------------------------------------------------------------------- basics
@@ -447,7 +447,7 @@ def spawn_child(tmp_path: Path) -> Iterator[Any]:
     script.write_text(CHILD_SCRIPT)
 
     def spawn(mode: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        env = {k: v for k, v in os.environ.items() if k != REDIS_URL_ENV}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         child = subprocess.Popen(
             [sys.executable, str(script), mode],
@@ -536,15 +536,27 @@ def test_redis_for_process_uses_env_var_and_starts_nothing(
     monkeypatch.setattr(EmbeddedServer, "start", forbidden)
     monkeypatch.setattr(EmbeddedServer, "astart", forbidden)
     monkeypatch.setattr(EmbeddedServer, "_launch", forbidden)
-    monkeypatch.setenv(ENV_VAR, "redis://db.example.invalid:6380/3")
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://db.example.invalid:6380/3")
     with redis_for_process() as url:
         assert url == "redis://db.example.invalid:6380/3"
+
+
+def test_redis_for_process_prefers_a_given_url_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("must not start a server when a URL is given")
+
+    monkeypatch.setattr(EmbeddedServer, "_launch", forbidden)
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://from-env.invalid:6379/0")
+    with redis_for_process("redis://given.invalid:6380/1") as url:
+        assert url == "redis://given.invalid:6380/1"
 
 
 def test_redis_for_process_starts_embedded_when_env_unset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(ENV_VAR, "  ")  # blank counts as unset
+    monkeypatch.setenv(REDIS_URL_ENV, "  ")  # blank counts as unset
     with redis_for_process() as url:
         assert url.startswith("redis://127.0.0.1:")
         assert ping(url)
@@ -554,7 +566,7 @@ def test_redis_for_process_starts_embedded_when_env_unset(
 
 
 async def test_open_redis_uses_env_var(monkeypatch: pytest.MonkeyPatch, valkey_url: str) -> None:
-    monkeypatch.setenv(ENV_VAR, valkey_url)
+    monkeypatch.setenv(REDIS_URL_ENV, valkey_url)
     client = await open_redis()
     try:
         assert await client.ping()
@@ -564,7 +576,7 @@ async def test_open_redis_uses_env_var(monkeypatch: pytest.MonkeyPatch, valkey_u
 
 
 async def test_open_redis_without_url_or_env(no_env_url: None) -> None:
-    with pytest.raises(EmbeddedServerError, match=ENV_VAR):
+    with pytest.raises(EmbeddedServerError, match=REDIS_URL_ENV):
         await open_redis()
 
 

@@ -11,23 +11,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from airuntime.cli.common import invalid, out
 from airuntime.examples import all_examples, copy_example, find_example
-
-console = Console(stderr=True)
-out = Console()
 
 examples_app = typer.Typer(
     help="The packaged example pipelines: list, show, copy out.", no_args_is_help=True
 )
-
-
-def _invalid(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
 
 
 @examples_app.command("list")
@@ -47,7 +38,7 @@ def show(name: Annotated[str, typer.Argument(help="Example name (`airt examples 
     """Print an example's YAML."""
     example = find_example(name)
     if example is None:
-        raise _invalid(_unknown(name))
+        raise invalid(_unknown(name))
     out.print(example.text(), end="", highlight=False, markup=False, soft_wrap=True)
 
 
@@ -65,16 +56,16 @@ def copy(
     for name in names or [e.name for e in all_examples()]:
         example = find_example(name)
         if example is None:
-            raise _invalid(_unknown(name))
+            raise invalid(_unknown(name))
         chosen.append(example)
     if dest.exists() and not dest.is_dir():
-        raise _invalid(f"--to: {dest} exists and is not a directory")
+        raise invalid(f"--to: {dest} exists and is not a directory")
     dest.mkdir(parents=True, exist_ok=True)
     for example in chosen:
         try:
             written = copy_example(example, dest)
         except FileExistsError as exc:
-            raise _invalid(f"{exc} (not overwritten)") from None
+            raise invalid(f"{exc} (not overwritten)") from None
         out.print(str(written), highlight=False)
 
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from airuntime.core.errors import ConfigError
+from airuntime.core.validation import format_validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,11 +50,13 @@ def parse_yaml_model(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        secret = bool(err["loc"]) and err["loc"][-1] in secret_fields
-        value = REDACTED if secret else _redact(err.get("input"), secret_fields)
-        raise ConfigError(f"{source}: {loc}: {err['msg']} (value={value!r})") from None
+
+        def shown(loc: tuple[Any, ...], value: Any) -> Any:
+            if loc and loc[-1] in secret_fields:
+                return REDACTED
+            return _redact(value, secret_fields)
+
+        raise ConfigError(f"{source}: {format_validation_error(exc, redact=shown)}") from None
 
 
 def _redact(value: Any, secret_fields: frozenset[str]) -> Any:

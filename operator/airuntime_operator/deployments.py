@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.tenancy import TenantSettings
-from airuntime.k8s.v1alpha1 import OPERATOR_MANAGED_ENV, RUNTIME_POOL, RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import OPERATOR_MANAGED_SETTINGS, RUNTIME_POOL, RuntimePoolSpec
 
 __all__ = [
     "COMPONENT",
@@ -138,48 +139,45 @@ def _bool(value: bool) -> str:
 def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
     """The runtime container's environment: the pool's settings, then its extra env."""
     settings: TenantSettings = spec.tenant_settings()
-    env: list[dict[str, Any]] = [
-        {
-            "name": "AIRUNTIME_REDIS_URL",
-            "valueFrom": {"secretKeyRef": {"name": spec.redis.name, "key": spec.redis.key}},
+    sources: dict[str, dict[str, Any]] = {
+        "redis_url": {
+            "valueFrom": {"secretKeyRef": {"name": spec.redis.name, "key": spec.redis.key}}
         },
-        {"name": "AIRUNTIME_TENANT_ID", "value": settings.tenant_id},
-        {"name": "AIRUNTIME_TENANT_GROUP_ID", "value": settings.tenant_group_id or ""},
-        {"name": "AIRUNTIME_ISOLATION_MODE", "value": settings.isolation_mode.value},
-        {"name": "AIRUNTIME_PREFER_DEDICATED", "value": _bool(settings.prefer_dedicated)},
-        {"name": "AIRUNTIME_ALLOW_SHARED_FALLBACK", "value": _bool(settings.allow_shared_fallback)},
-        {"name": "AIRUNTIME_RUNTIME_PREFIX", "value": settings.runtime_prefix},
-        {
-            "name": "AIRUNTIME_INSTANCE_ID",
-            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+        "tenant_id": {"value": settings.tenant_id},
+        "tenant_group_id": {"value": settings.tenant_group_id or ""},
+        "isolation_mode": {"value": settings.isolation_mode.value},
+        "prefer_dedicated": {"value": _bool(settings.prefer_dedicated)},
+        "allow_shared_fallback": {"value": _bool(settings.allow_shared_fallback)},
+        "runtime_prefix": {"value": settings.runtime_prefix},
+        "instance_id": {
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}
         },
-        {"name": "AIRUNTIME_WORKERS", "value": str(settings.workers_per_instance)},
-        {"name": "AIRUNTIME_MAX_CONCURRENT_RUNS", "value": str(settings.max_concurrent_runs)},
-        {"name": "AIRUNTIME_QUEUE_CAPACITY", "value": str(settings.queue_capacity)},
-        {
-            "name": "AIRUNTIME_MAX_LOCAL_WORKERS_PER_EXECUTION",
-            "value": str(settings.max_local_workers_per_execution),
-        },
-        {
-            # The start value only: the runtime follows the tenant settings in Redis live.
-            "name": "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS",
+        "workers": {"value": str(settings.workers_per_instance)},
+        "max_concurrent_runs": {"value": str(settings.max_concurrent_runs)},
+        "queue_capacity": {"value": str(settings.queue_capacity)},
+        "max_local_workers_per_execution": {"value": str(settings.max_local_workers_per_execution)},
+        # The start value only: the runtime follows the tenant settings in Redis live.
+        "max_concurrent_step_tasks": {
             "valueFrom": {
                 "configMapKeyRef": {
                     "name": live_settings_name(spec),
                     "key": LIVE_SETTINGS_KEY,
                     "optional": True,
                 }
-            },
+            }
         },
-        {"name": "AIRUNTIME_HTTP_PORT", "value": str(HTTP_PORT)},
-        {"name": "AIRUNTIME_HTTP_HOST", "value": "0.0.0.0"},
-        {
-            # Listen on every interface, advertise the pod IP in the registry.
-            "name": "AIRUNTIME_ADVERTISE_HOST",
-            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+        "http_port": {"value": str(HTTP_PORT)},
+        "http_host": {"value": "0.0.0.0"},
+        # Listen on every interface, advertise the pod IP in the registry.
+        "advertise_host": {
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
         },
+    }
+    # The variable names come from the runtime's settings model, in the managed order.
+    env = [
+        {"name": InstanceSettings.env_var(field), **sources[field]}
+        for field in OPERATOR_MANAGED_SETTINGS
     ]
-    assert tuple(e["name"] for e in env) == OPERATOR_MANAGED_ENV
     return env + [e.to_wire() for e in spec.env]
 
 

@@ -25,7 +25,6 @@ import json
 import re
 import shlex
 import subprocess
-import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -537,14 +536,10 @@ def _literal_env(container: Doc) -> dict[str, str]:
 
 
 def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) -> None:
-    from airuntime.cli.control import control_plane
+    from airuntime.control_plane.settings import ControlPlaneServerSettings as Settings
 
-    hints = typing.get_type_hints(control_plane, include_extras=True)
-    read: set[str] = set()
-    for hint in hints.values():
-        for meta in getattr(hint, "__metadata__", ()):
-            envvar = getattr(meta, "envvar", None)
-            read.update([envvar] if isinstance(envvar, str) else envvar or [])
+    # airt control-plane reads the variables of its settings model (options override them).
+    read = {Settings.env_var(field) for field in Settings.model_fields}
     read.add("AIRUNTIME_HOME")  # read by the shared core, not an option
     (cp,) = [c for w, _, c in workloads(rendered) if component(w) == "control-plane"]
     unknown = sorted(set(env_of(cp)) - read)

@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
+from airuntime.fleet.instance_settings import InstanceConfig
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.run_index import RunIndex
-from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import InstanceHooks, RuntimeInstance
 from runtime_pod.settings_store import SettingsStore

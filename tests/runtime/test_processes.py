@@ -16,6 +16,8 @@ import pytest
 
 from airuntime.core import keys
 from airuntime.fleet.providers import RedisProvider
+from airuntime.k8s.v1alpha1 import RuntimePoolSpec
+from airuntime_operator.deployments import runtime_env
 from tests.conftest import RedisServerInfo
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import (
@@ -42,12 +44,14 @@ async def _airt(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def _spawn_runtime(url: str, home: Path, *args: str) -> asyncio.subprocess.Process:
+async def _spawn_runtime(
+    url: str | None, home: Path, *args: str, **env: str
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         AIRT,
         "runtime",
         *args,
-        env=subprocess_env(url, AIRUNTIME_HOME=str(home)),
+        env=subprocess_env(url, AIRUNTIME_HOME=str(home), **env),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -69,6 +73,19 @@ async def _ready(proc: asyncio.subprocess.Process) -> dict[str, Any]:
                 continue
             if isinstance(event, dict) and event.get("event") == "ready":
                 return event
+
+
+async def _terminated(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM, then the exit code (a clean shutdown drains and unregisters)."""
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def _killed(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL a process the test left running (its assertions failed)."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
 
 
 async def _listed(url: str) -> dict[str, dict[str, Any]]:
@@ -109,12 +126,9 @@ async def test_airt_runtime_is_listed_by_airt_instances_before_a_heartbeat_and_g
         assert desc["capacity"]["worker_count"] == 3 and desc["capacity"]["can_accept_run"]
         assert desc["endpoint"].startswith("http://127.0.0.1:")
 
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await _terminated(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _killed(proc)
     assert await _listed(url) == {}
     assert await runtime.registry.get("px-1") is None
 
@@ -152,9 +166,7 @@ async def test_a_killed_instance_loses_nothing_its_execution_and_queued_runs_fin
         proc.send_signal(signal.SIGKILL)
         await asyncio.wait_for(proc.wait(), 30)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _killed(proc)
     [eid] = execution
     for run_id in waiting:
         record = await runtime.index.get_for_tenant(run_id, "tenant-a")
@@ -176,3 +188,52 @@ async def test_a_killed_instance_loses_nothing_its_execution_and_queued_runs_fin
     owners = {e.get("worker").split("@")[0] for e in events if e.type == "step_claimed"}
     assert owners == {doomed, "survivor"}
     assert (await runtime.store.info(eid)).status == "Succeeded"
+
+
+def _pod_env(spec: RuntimePoolSpec, redis_url: str, pod_name: str) -> dict[str, str]:
+    """The env the operator writes for a pool's pod, resolved as the kubelet would."""
+    resolved = {
+        "AIRUNTIME_REDIS_URL": redis_url,  # secretKeyRef
+        "AIRUNTIME_INSTANCE_ID": pod_name,  # fieldRef metadata.name
+        "AIRUNTIME_ADVERTISE_HOST": "127.0.0.1",  # fieldRef status.podIP
+    }  # the optional ConfigMap key of the step-task limit is absent: unset
+    env = {e["name"]: e.get("value", resolved.get(e["name"])) for e in runtime_env(spec)}
+    env["AIRUNTIME_HTTP_PORT"] = "0"  # a pod's port is fixed; here, any free one
+    return {name: value for name, value in env.items() if value is not None}
+
+
+@only_valkey
+async def test_a_runtime_configured_only_by_the_operators_pod_env_is_its_pools_instance(
+    redis_server: RedisServerInfo, runtime: Runtime, tmp_path: Path
+) -> None:
+    spec = RuntimePoolSpec.model_validate(
+        {
+            "tenantId": "acme",
+            "isolationMode": "Dedicated",
+            "runtimePrefix": "acme-rt",
+            "workersPerInstance": 6,
+            "maxConcurrentRunsPerInstance": 2,
+            "localQueueCapacity": 40,
+            "maxLocalWorkersPerExecution": 3,
+            "redis": {"name": "redis-credentials", "key": "url"},
+        }
+    )
+    env = _pod_env(spec, redis_server.url, "acme-rt-5d8f-x2x9q")
+    assert env["AIRUNTIME_TENANT_GROUP_ID"] == "", "no group: the operator writes it empty"
+    proc = await _spawn_runtime(None, tmp_path, **env)
+    try:
+        assert (await _ready(proc))["instances"] == ["acme-rt-5d8f-x2x9q"]
+        desc = (await _listed(redis_server.url))["acme-rt-5d8f-x2x9q"]
+        assert (desc["tenant_id"], desc["tenant_group_id"], desc["isolation_mode"]) == (
+            "acme",
+            None,
+            "Dedicated",
+        )
+        assert (desc["runtime_prefix"], desc["allow_shared_fallback"]) == ("acme-rt", False)
+        capacity = desc["capacity"]
+        assert (capacity["worker_count"], capacity["max_concurrent_runs"]) == (6, 2)
+        assert (capacity["queue_capacity"], capacity["max_local_workers_per_execution"]) == (40, 3)
+        assert desc["endpoint"].startswith("http://127.0.0.1:")
+        assert await _terminated(proc) == 0
+    finally:
+        await _killed(proc)

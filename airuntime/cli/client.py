@@ -1,0 +1,175 @@
+"""``airt submit``, ``airt drain``, ``airt runs``: clients of a control plane's API.
+
+They talk to the stack ``airt up`` runs (found through its state file,
+``$AIRUNTIME_HOME/up.json``, with the development token of ``--tenant``) or to
+``--api``/``AIRUNTIME_API_URL`` with ``--token``/``AIRUNTIME_API_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.table import Table
+
+from airuntime.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    console,
+    invalid,
+    out,
+    parse_kv,
+    pipeline_document,
+)
+from airuntime.control_plane.settings import SubmitMode
+from airuntime.core.errors import ConfigError
+from airuntime.core.settings import env_name
+
+_Api = Annotated[str | None, typer.Option(envvar=env_name("api_url"))]
+_Token = Annotated[str | None, typer.Option(envvar=env_name("api_token"))]
+
+_FINISHED_RUN = ("completed", "failed", "cancelled")
+"""Run states after which a run changes no more."""
+
+
+def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs: Any) -> Any:
+    """One API call; a 4xx/5xx answer becomes exit 2 with the server's message."""
+    try:
+        resp = httpx.request(
+            method, url, headers={"authorization": f"Bearer {token}"}, timeout=timeout, **kwargs
+        )
+    except httpx.HTTPError as exc:
+        raise invalid(f"cannot reach the control plane at {url}: {exc}") from None
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise invalid(f"{resp.status_code}: {detail}")
+    return resp.json()
+
+
+def _client(api: str | None, token: str | None, tenant: str | None) -> tuple[str, str]:
+    """The API URL and token: the given ones, else the local stack's for ``tenant``."""
+    if api and token:
+        return api, token
+    from airuntime.devstack.local_stack import read_state
+
+    try:
+        state = read_state()
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
+    tokens: dict[str, str] = state.get("tokens", {})
+    tenant = tenant or "default"
+    if tenant not in tokens:
+        known = ", ".join(tokens)
+        raise invalid(f"--tenant: {tenant!r} is not a tenant of the running stack (known: {known})")
+    return api or state["api_url"], token or tokens[tenant]
+
+
+def submit(
+    pipeline: Annotated[str, typer.Argument(help="Pipeline file, or a packaged example's name.")],
+    tenant: Annotated[
+        str | None, typer.Option(help="Submit as this tenant (local stack tokens).")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the run until it ends.")] = False,
+    mode: Annotated[SubmitMode | None, typer.Option()] = None,
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=VALUE")] = None,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """Submit PIPELINE to the control plane; with --wait show progress until it ends."""
+    body: dict[str, Any] = {
+        "pipeline": pipeline_document(pipeline),
+        "inputs": parse_kv(inputs or [], "--input"),
+    }
+    if mode is not None:
+        body["mode"] = mode.value
+    base, tok = _client(api, token, tenant)
+    run = api_call("POST", f"{base}/v1/runs", tok, json=body)
+    console.print(f"submitted {run['shared_run_id']}: {run['status']}")
+    if not wait:
+        out.print(json.dumps(run))
+        return
+    final = _follow(base, tok, run["shared_run_id"])
+    out.print(json.dumps(final, indent=2))
+    status = (final.get("run") or {}).get("status")
+    raise typer.Exit(EXIT_OK if status == "completed" else EXIT_FAILED)
+
+
+def finished(body: dict[str, Any]) -> bool:
+    """Whether a shared run's API answer says it changes no more."""
+    return (body.get("run") or {}).get("status") in _FINISHED_RUN
+
+
+def _follow(base: str, token: str, srid: str, timeout_s: float = 600) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    deadline = time.monotonic() + timeout_s
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[state]}"),
+        console=console,
+    ) as progress:
+        task = progress.add_task(srid, total=None, state="")
+        while time.monotonic() < deadline:
+            body = api_call("GET", f"{base}/v1/runs/{srid}", token, timeout=30)
+            run = body.get("run") or {}
+            ex = body.get("execution") or {}
+            where = body.get("assigned_instance_id") or ""
+            state = f"{body.get('status')} {run.get('status', '')} {where}"
+            progress.update(
+                task, total=ex.get("total"), completed=ex.get("done", 0), state=state.strip()
+            )
+            if finished(body) or body.get("status") in ("Rejected", "Cancelled", "Failed"):
+                return dict(body)
+            time.sleep(0.2)
+    raise invalid(f"run {srid} did not finish within {timeout_s} s")
+
+
+def drain(
+    max_count: Annotated[int, typer.Option()] = 100,
+    tenant: Annotated[str | None, typer.Option()] = None,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """Drain the shared queue once (manual pump)."""
+    base, tok = _client(api, token, tenant)
+    drained = api_call(
+        "POST", f"{base}/v1/queue/drain", tok, json={"max_count": max_count}, timeout=120
+    )
+    out.print(json.dumps(drained))
+
+
+def runs(
+    tenant: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """List the caller tenant's shared runs."""
+    base, tok = _client(api, token, tenant)
+    listed = api_call("GET", f"{base}/v1/runs", tok, params={"limit": limit}, timeout=30)
+    table = Table(title="shared runs")
+    for col in ("shared run", "pipeline", "status", "instance", "run id"):
+        table.add_column(col, overflow="fold")
+    for r in listed:
+        table.add_row(
+            r["shared_run_id"],
+            r["pipeline_id"],
+            r["status"],
+            r.get("assigned_instance_id") or "-",
+            r.get("run_id") or "-",
+        )
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.command("drain")(drain)
+    app.command("runs")(runs)

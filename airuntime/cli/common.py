@@ -1,0 +1,135 @@
+"""What every ``airt`` command shares: its consoles, its exit codes, how it refuses
+input, and how its options and the environment become validated settings.
+
+Why this exists: ``airt`` is one program made of several command modules (and of
+plugins from other packages, such as ``airt runtime``). A person must meet one
+behaviour everywhere: results on stdout, diagnostics on stderr, ``error: ...`` and
+exit 2 for anything invalid -- an option, a variable, a file --, never a traceback.
+
+Exit codes: 0 success, 1 the work failed (an execution failed or was cancelled),
+2 invalid input.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Final, TypeVar
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+
+from airuntime.core.settings import REDIS_URL_ENV, EnvSettings
+from airuntime.core.validation import format_validation_error
+from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, load_pipeline
+from airuntime.examples import pipeline_path
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "RedisUrl",
+    "compile_argument",
+    "console",
+    "invalid",
+    "out",
+    "parse_kv",
+    "pipeline_document",
+    "setting_option",
+    "settings_from_options",
+]
+
+console = Console(stderr=True)
+"""Diagnostics and progress (stderr)."""
+out = Console()
+"""Results (stdout)."""
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_INVALID: Final = 2
+
+S = TypeVar("S", bound=EnvSettings)
+
+RedisUrl = Annotated[str | None, typer.Option("--redis-url", envvar=REDIS_URL_ENV)]
+"""The ``--redis-url`` option of a command that reads nothing else from the environment."""
+
+
+def invalid(message: str) -> typer.Exit:
+    """Print ``error: <message>`` (markup-escaped) on stderr; the exit-2 to raise."""
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(EXIT_INVALID)
+
+
+def parse_kv(items: list[str], option: str) -> dict[str, Any]:
+    """``NAME=VALUE`` options as a dict; a VALUE that is JSON is decoded, else kept as text."""
+    values: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise invalid(f"{option}: expected NAME=VALUE, got {item!r}")
+        try:
+            values[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[name] = raw
+    return values
+
+
+def compile_argument(argument: str) -> Plan:
+    """The plan of a PIPELINE argument (a file or a packaged example's name)."""
+    try:
+        with pipeline_path(argument) as path:
+            return compile_pipeline(load_pipeline(path))
+    except (FileNotFoundError, PipelineError) as exc:
+        raise invalid(str(exc)) from None
+
+
+def pipeline_document(argument: str) -> Any:
+    """The document of a PIPELINE argument, validated here first so a bad file is
+    reported before anything is sent."""
+    try:
+        with pipeline_path(argument) as path:
+            load_pipeline(path)
+            return yaml.safe_load(path.read_text())
+    except (FileNotFoundError, PipelineError) as exc:
+        raise invalid(str(exc)) from None
+
+
+def settings_from_options(model: type[S], ctx: typer.Context) -> S:
+    """The command's settings: its options that were given, over ``AIRUNTIME_*``, over
+    the defaults.
+
+    An option counts when its parameter is named after a field of ``model`` and its
+    value is not ``None`` (so options default to ``None`` and spell neither a variable
+    nor a default). An invalid value exits 2 naming the option or the variable it came
+    from, and the value.
+    """
+    given = {
+        name: value
+        for name, value in ctx.params.items()
+        if name in model.model_fields and value is not None
+    }
+    flags = {p.name: p.opts[0] for p in ctx.command.params if p.name and p.opts}
+
+    def where(loc: str) -> str:
+        field = loc.split(".")[0]
+        if not field:
+            return "settings"
+        return flags.get(field, field) if field in given else model.env_var(field)
+
+    try:
+        return model(**given)
+    except ValidationError as exc:
+        raise invalid(format_validation_error(exc, where=where)) from None
+
+
+def setting_option(
+    model: type[EnvSettings], field: str, *flags: str, text: str | None = None
+) -> Any:
+    """The option of a settings field, for :func:`settings_from_options`: default
+    ``None`` (not given); its help is ``text`` (default: the field's description, which
+    states the default) and names the variable it overrides."""
+    about = " ".join((text or model.model_fields[field].description or "").split())
+    help_text = f"{about.replace('``', '')} (env {model.env_var(field)})".strip()
+    return typer.Option(*flags, help=help_text)

@@ -1,0 +1,266 @@
+"""``airt run``, ``airt worker``, ``airt instances``: the engine and the fleet, seen
+from one terminal.
+
+``airt run`` runs a pipeline here, on ``AIRUNTIME_REDIS_URL`` or a private embedded
+Valkey; ``airt worker`` joins an execution from another process; ``airt instances``
+lists the runtime instances registered on the shared Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from airuntime.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    RedisUrl,
+    compile_argument,
+    console,
+    invalid,
+    out,
+    parse_kv,
+)
+from airuntime.core.errors import AirError
+from airuntime.core.settings import REDIS_URL_ENV
+from airuntime.devstack.embedded import redis_for_process
+from airuntime.engine.execution_store import ExecutionInfo, ExecutionStore
+
+
+def run(
+    pipeline: Annotated[
+        str,
+        typer.Argument(
+            help="Pipeline file (.yaml, .yml or .json), or the name of a packaged example "
+            "(`airt examples list`)."
+        ),
+    ],
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", help="Worker slots in this process.")
+    ] = 4,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the terminal snapshot as JSON.")
+    ] = False,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="Run input NAME=VALUE (JSON or text).")
+    ] = None,
+    answers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--answer", "-a", help="Value for an `input` step: STEP=VALUE (JSON or text)."
+        ),
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-url", envvar=REDIS_URL_ENV, help="Redis/Valkey URL (default: embedded)."
+        ),
+    ] = None,
+) -> None:
+    """Run PIPELINE end to end and print its steps; exit 0 on success, 1 on failure/cancel."""
+    if workers < 1:
+        raise invalid(f"--workers: must be >= 1, got {workers}")
+    run_inputs = parse_kv(inputs or [], "--input")
+    step_answers = parse_kv(answers or [], "--answer")
+    plan = compile_argument(pipeline)
+    unknown = sorted(set(step_answers) - {s.id for s in plan.steps if s.is_input})
+    if unknown:
+        raise invalid(
+            f"--answer: {unknown[0]!r} is not an input step of pipeline {plan.pipeline_id!r}"
+        )
+    with redis_for_process(redis_url) as url:
+        status, snapshot = asyncio.run(_run(url, plan, workers, run_inputs, step_answers, as_json))
+    if as_json:
+        out.print_json(json.dumps(snapshot))
+    else:
+        _print_table(snapshot)
+    raise typer.Exit(EXIT_OK if status == "Succeeded" else EXIT_FAILED)
+
+
+async def _run(
+    url: str,
+    plan: Any,
+    workers: int,
+    run_inputs: dict[str, Any],
+    answers: dict[str, Any],
+    quiet: bool,
+) -> tuple[str, dict[str, Any]]:
+    from airuntime.core.redis_client import connect
+    from airuntime.engine.local_run import NoInputAvailable, run_plan
+
+    redis = connect(url)
+    store = ExecutionStore(redis)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet or not console.is_terminal,
+        transient=False,
+    )
+    task = progress.add_task(plan.pipeline_id, total=len(plan.steps), status="Creating")
+
+    def on_progress(info: ExecutionInfo) -> None:
+        progress.update(task, completed=info.done, status=info.status)
+
+    async def on_input(eid: str, step: str) -> Any:
+        if step in answers:
+            return answers[step]
+        if not sys.stdin.isatty():
+            console.print(
+                f"[yellow]step {step!r} waits for input; pass --answer {step}=VALUE[/yellow]"
+            )
+            raise NoInputAvailable("stdin is not a terminal and no --answer was given")
+        progress.stop()
+        raw = await asyncio.to_thread(console.input, f"[bold]{step}[/bold] needs input: ")
+        progress.start()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+
+    try:
+        with progress:
+            result = await run_plan(
+                store,
+                plan,
+                workers=workers,
+                inputs=run_inputs,
+                on_progress=on_progress,
+                on_input=on_input,
+            )
+    finally:
+        await redis.aclose()
+    return result.status, result.snapshot
+
+
+def _print_table(snapshot: dict[str, Any]) -> None:
+    steps: dict[str, Any] = snapshot.get("steps", {})
+    table = Table(title=f"{snapshot.get('pipeline_id')} [{snapshot.get('status')}]")
+    for col in ("step", "status", "attempts", "duration", "output / error"):
+        table.add_column(col)
+    for sid, st in sorted(steps.items(), key=lambda kv: kv[1].get("claimed_at_ms") or 0):
+        dur = ""
+        if st.get("claimed_at_ms") and st.get("finished_at_ms"):
+            dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
+        shown = (
+            st.get("error") if st.get("error") and st["status"] != "completed" else st.get("output")
+        )
+        text = json.dumps(shown) if not isinstance(shown, str) else shown
+        if len(text) > 60:
+            text = text[:57] + "..."
+        table.add_row(sid, st["status"], str(st.get("attempts", 1)), dur, text)
+    out.print(table)
+    counts = snapshot.get("counts", {})
+    out.print(
+        f"execution {snapshot.get('execution_id')}: {snapshot.get('status')} "
+        f"({counts.get('completed', 0)}/{counts.get('total', 0)} completed, "
+        f"{counts.get('failed', 0)} failed, {counts.get('skipped', 0)} skipped, "
+        f"{counts.get('cancelled', 0)} cancelled)"
+    )
+
+
+def worker(
+    execution_id: Annotated[str, typer.Argument(help="Execution to participate in.")],
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", help="Worker slots in this process.")
+    ] = 4,
+    lease_ms: Annotated[int, typer.Option(help="Claim lease in milliseconds.")] = 30_000,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Join EXECUTION_ID from this process until it is finalized (needs a shared Redis)."""
+    if not redis_url:
+        raise invalid(f"airt worker needs a shared Redis: set {REDIS_URL_ENV} or --redis-url")
+    if workers < 1:
+        raise invalid(f"--workers: must be >= 1, got {workers}")
+    from airuntime.engine.worker_pool import PoolSettings
+
+    try:
+        settings = PoolSettings(workers=workers, lease_ms=lease_ms)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+    status, stats = asyncio.run(_participate(redis_url, execution_id, settings))
+    out.print(json.dumps({"execution_id": execution_id, "status": status, **stats}))
+    raise typer.Exit(EXIT_OK if status == "Succeeded" else EXIT_FAILED)
+
+
+async def _participate(url: str, execution_id: str, settings: Any) -> tuple[str, dict[str, Any]]:
+    import os
+    from dataclasses import asdict
+
+    from airuntime.core.redis_client import connect
+    from airuntime.engine.worker_pool import WorkerPool
+
+    redis = connect(url, client_name=f"airt-worker:{os.getpid()}")
+    try:
+        pool = WorkerPool(ExecutionStore(redis), settings=settings)
+        try:
+            status = await pool.run(execution_id)
+        except AirError as exc:
+            raise invalid(str(exc)) from None
+        return status, {**asdict(pool.stats), "round_trips": redis.round_trips}
+    finally:
+        await redis.aclose()
+
+
+def instances(
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only instances visible to this tenant.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print descriptors as JSON.")] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """List registered runtime instances and their capacity."""
+    if not redis_url:
+        raise invalid(
+            f"airt instances reads the shared registry: set {REDIS_URL_ENV} or --redis-url"
+        )
+    descriptors = asyncio.run(_list_instances(redis_url, tenant))
+    if as_json:
+        out.print_json(json.dumps([d.model_dump(mode="json") for d in descriptors]))
+        return
+    table = Table(title=f"runtime instances{f' visible to {tenant}' if tenant else ''}")
+    for col in ("instance", "status", "tenant/mode/prefix", "workers", "runs", "accepts"):
+        table.add_column(col, overflow="fold")
+    for d in descriptors:
+        c = d.capacity
+        table.add_row(
+            d.instance_id,
+            d.status.value,
+            f"{d.tenant_id or '-'} {d.isolation_mode.value} {d.runtime_prefix}",
+            f"{c.active_worker_count} busy, {c.available_worker_count} free of {c.worker_count}"
+            f" (max {c.max_local_workers_per_execution}/execution)",
+            f"{c.queued_run_count} queued (cap {c.queue_capacity}), {c.running_run_count} running,"
+            f" {c.available_run_slots}/{c.max_concurrent_runs} slots free",
+            ("paused" if c.is_queue_paused else "yes" if c.can_accept_run else "no")
+            + f" via {d.provider}",
+        )
+    out.print(table)
+
+
+async def _list_instances(url: str, tenant: str | None) -> list[Any]:
+    from airuntime.core.redis_client import connect
+    from airuntime.fleet.registry import Registry
+
+    redis = connect(url)
+    try:
+        registry = Registry(redis)
+        if tenant:
+            return await registry.list_visible(await registry.tenant(tenant))
+        return await registry.list_all()
+    finally:
+        await redis.aclose()
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(worker)
+    app.command()(instances)

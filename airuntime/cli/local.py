@@ -1,0 +1,210 @@
+"""``airt up`` and ``airt demo``: the whole system on this machine.
+
+``up`` runs everything locally (embedded Valkey + control plane + local scaler + API)
+and writes ``$AIRUNTIME_HOME/up.json`` for the clients (:mod:`~airuntime.cli.client`);
+``demo`` runs ``up`` in the background, submits a pipeline as three tenants and shows
+where each run ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from airuntime.cli.client import api_call, finished
+from airuntime.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    RedisUrl,
+    console,
+    invalid,
+    out,
+    pipeline_document,
+)
+from airuntime.control_plane.settings import (
+    ControlPlaneServerSettings,
+    ControlPlaneSettings,
+    SubmitMode,
+)
+from airuntime.core.errors import ConfigError
+from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV
+from airuntime.devstack.embedded import redis_for_process
+
+
+def up(
+    port: Annotated[int, typer.Option(help="API port (0 = any free port).")] = 8780,
+    tenants_file: Annotated[
+        Path | None, typer.Option(envvar=ControlPlaneServerSettings.env_var("tenants_file"))
+    ] = None,
+    submit_mode: Annotated[SubmitMode, typer.Option()] = SubmitMode.DIRECT_DISPATCH,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Keep Valkey data here (default: ephemeral).")
+    ] = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Everything on this machine: embedded Valkey + control plane + local scaler + API."""
+    from airuntime.devstack.local_stack import load_tenants, serve_control_plane, state_file
+
+    try:
+        tenants = load_tenants(tenants_file)
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
+    settings = ControlPlaneSettings(submit_mode=submit_mode)
+    state: dict[str, Any] = {}
+    options: dict[str, Any] = {"data_dir": data_dir} if data_dir else {}
+    with redis_for_process(redis_url, **options) as url:
+        console.print(f"airt up: Redis at {url}; API on 127.0.0.1:{port}; state in {state_file()}")
+        asyncio.run(
+            serve_control_plane(url, port=port, settings=settings, tenants=tenants, state=state)
+        )
+
+
+DEMO_TENANTS = (("default", "Shared"), ("tenant-a", "Dedicated"), ("tenant-b", "Hybrid"))
+
+
+def demo(
+    pipeline: Annotated[
+        str, typer.Option(help="Pipeline each tenant submits: a file or a packaged example.")
+    ] = "summarize-documents",
+) -> None:
+    """Run `airt up` in the background, submit a pipeline as three tenants (shared,
+    dedicated, hybrid), show scale-out happening, and print where each run ran."""
+    doc = pipeline_document(pipeline)
+    console.print(
+        "[bold]1.[/bold] starting `airt up` (embedded Valkey + control plane + local scaler)"
+    )
+    proc, state = _start_local_stack()
+    try:
+        console.print(
+            "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
+        )
+        submitted = _demo_submit(state, doc)
+        console.print(
+            "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
+        )
+        results = _demo_follow(state, submitted)
+    finally:
+        console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
+        _stop_local_stack(proc)
+    raise typer.Exit(EXIT_OK if _demo_report(submitted, results) else EXIT_FAILED)
+
+
+def _start_local_stack() -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """`airt up` in a private AIRUNTIME_HOME (own embedded Valkey); its state file."""
+    home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
+    env = {**os.environ, HOME_ENV: str(home), "COLUMNS": "120"}
+    env.pop(REDIS_URL_ENV, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airuntime.cli", "up", "--port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    state_path = home / "up.json"
+    deadline = time.monotonic() + 60
+    while not state_path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_local_stack(proc)
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise invalid(f"airt up did not start: {err[-2000:]}")
+        time.sleep(0.1)
+    return proc, json.loads(state_path.read_text())
+
+
+def _stop_local_stack(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _demo_submit(state: dict[str, Any], doc: Any) -> dict[str, str]:
+    submitted: dict[str, str] = {}
+    for tenant, mode in DEMO_TENANTS:
+        r = api_call(
+            "POST", f"{state['api_url']}/v1/runs", state["tokens"][tenant], json={"pipeline": doc}
+        )
+        submitted[tenant] = r["shared_run_id"]
+        console.print(f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}")
+    return submitted
+
+
+def _demo_follow(
+    state: dict[str, Any], submitted: dict[str, str], timeout_s: float = 180
+) -> dict[str, dict[str, Any]]:
+    """Poll each run until it ends, printing every change of its state."""
+    results: dict[str, dict[str, Any]] = {}
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(submitted) and time.monotonic() < deadline:
+        for tenant, srid in submitted.items():
+            if tenant in results:
+                continue
+            body = api_call(
+                "GET", f"{state['api_url']}/v1/runs/{srid}", state["tokens"][tenant], timeout=30
+            )
+            label = f"{body['status']} {(body.get('run') or {}).get('status', '')}".strip()
+            if seen.get(tenant) != label:
+                seen[tenant] = label
+                console.print(f"   {tenant:9} {label} {body.get('assigned_instance_id') or ''}")
+            if finished(body):
+                results[tenant] = body
+        time.sleep(0.2)
+    return results
+
+
+def _demo_report(submitted: dict[str, str], results: dict[str, dict[str, Any]]) -> bool:
+    """Print where each run ran; the last line says whether the demo succeeded."""
+    table = Table(title="where each run ran")
+    for col in ("tenant", "mode", "runtime instance", "run", "steps"):
+        table.add_column(col, no_wrap=True)
+    for tenant, mode in DEMO_TENANTS:
+        body = results.get(tenant, {})
+        ex = body.get("execution") or {}
+        table.add_row(
+            tenant,
+            mode,
+            body.get("assigned_instance_id") or "-",
+            (body.get("run") or {}).get("status", "unfinished"),
+            f"{ex.get('completed', 0)}/{ex.get('total', '?')}",
+        )
+    out.print(table)
+    for tenant, _ in DEMO_TENANTS:
+        body = results.get(tenant, {})
+        out.print(
+            f"{tenant}: shared run {submitted[tenant]}, run {body.get('run_id') or '-'}, "
+            f"execution {body.get('execution_id') or '-'}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    completed = sum(
+        1 for b in results.values() if (b.get("run") or {}).get("status") == "completed"
+    )
+    ok = completed == len(submitted)
+    out.print(
+        f"demo: {completed} of {len(submitted)} runs completed, each on its tenant's runtime"
+        if ok
+        else f"demo: only {completed} of {len(submitted)} runs completed",
+        highlight=False,
+    )
+    return ok
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("demo")(demo)
