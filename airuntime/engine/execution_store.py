@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
-from airuntime.core.errors import ExecutionNotFound, ScriptError, error_for
+from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, ScriptError, error_for
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 
@@ -144,8 +144,13 @@ class ExecutionStore:
         reply = await self.scripts.call(
             self.redis, name, keys.execution_keys(execution_id).all(), args
         )
-        if isinstance(reply, list) and reply and isinstance(reply[0], int) and reply[0] == -1:
-            raise error_for(-1, execution_id=execution_id)
+        if (
+            isinstance(reply, list)
+            and reply
+            and isinstance(reply[0], int)
+            and reply[0] == ExecutionNotFound.code
+        ):
+            raise error_for(ExecutionNotFound.code, execution_id=execution_id)
         return reply
 
     # -- lifecycle -----------------------------------------------------------------
@@ -186,8 +191,8 @@ class ExecutionStore:
                 step.retry.max_attempts,
             ]
         reply = await self._call("createExecution", eid, args)
-        if reply[0] == -9:
-            raise error_for(-9, execution_id=eid)
+        if reply[0] == ExecutionExists.code:
+            raise error_for(ExecutionExists.code, execution_id=eid)
         now = int(time.time() * 1000)
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.executions_index(), {eid: now}, nx=True)
@@ -274,7 +279,7 @@ class ExecutionStore:
         for step, token in items:
             args += [step, token]
         reply = await self._call("renewClaims", execution_id, args)
-        return [_i(c) == 1 for c in reply[1:]]
+        return [_i(c) == OK for c in reply[1:]]
 
     async def recover(self, execution_id: str, limit: int = 1000) -> RecoverResult:
         reply = await self._call("recoverStale", execution_id, [limit])
@@ -311,7 +316,7 @@ class ExecutionStore:
     async def finalize(self, execution_id: str) -> str | None:
         """Finalize if terminal (idempotent); the terminal status, or None if still active."""
         reply = await self._call("finalizeExecution", execution_id, [])
-        if _i(reply[0]) == 1:
+        if _i(reply[0]) == OK:
             await self.redis.zrem(keys.active_executions(), execution_id)
             return _s(reply[1])
         return None

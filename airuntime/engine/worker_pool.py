@@ -29,10 +29,10 @@ import socket
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airuntime.core.errors import EngineError, StaleClaim
+from airuntime.core.errors import OK, EngineError, NonRetryableError, StaleClaim
 from airuntime.core.tasks import cancel_and_wait
 from airuntime.engine.concurrency import (
     AdmissionPolicy,
@@ -47,10 +47,6 @@ from airuntime.engine.references import resolve
 from airuntime.engine.retry import retry_delay_s
 
 log = logging.getLogger(__name__)
-
-
-class NonRetryableError(Exception):
-    """Raised by a handler (or the pool) when retrying the step cannot help."""
 
 
 class StepSlots(Protocol):
@@ -455,7 +451,7 @@ class _Participation:
             self.free += slots
             self.pool.stats.complete_calls += 1
             for code in result.codes:
-                if code == 1:
+                if code == OK:
                     self.pool.stats.completed += 1
                 else:
                     self.pool.stats.stale_rejections += 1
@@ -491,12 +487,3 @@ class _Participation:
                 elif r.lease is not None:
                     scope, holder, ttl = r.lease
                     await self.pool.leases.renew(scope, holder, ttl)
-
-
-@dataclass
-class RunOutcome:
-    """What :func:`run_pipeline` returns."""
-
-    execution_id: str
-    status: str
-    snapshot: dict[str, Any] = field(default_factory=dict)

@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from airuntime.core.errors import AirError
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.references import (
     ReferenceSyntaxError,
@@ -96,7 +97,7 @@ class Problem:
         return f"{self.loc}: {self.message}" if self.loc else self.message
 
 
-class PipelineError(ValueError):
+class PipelineError(AirError, ValueError):
     """The pipeline is invalid; ``problems`` lists every problem found, ``str()`` shows one
     per line (prefixed with ``source``, e.g. the file name, when known)."""
 
