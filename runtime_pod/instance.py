@@ -38,6 +38,7 @@ from airuntime.core.tasks import cancel_and_wait
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.fleet.registry import (
     CapacityDescriptor,
@@ -63,9 +64,9 @@ class RunRefused(AirError):
 
 
 _TERMINAL_TO_RUN = {
-    "Succeeded": RunStatus.COMPLETED,
-    "Failed": RunStatus.FAILED,
-    "Cancelled": RunStatus.CANCELLED,
+    ExecutionStatus.SUCCEEDED: RunStatus.COMPLETED,
+    ExecutionStatus.FAILED: RunStatus.FAILED,
+    ExecutionStatus.CANCELLED: RunStatus.CANCELLED,
 }
 
 

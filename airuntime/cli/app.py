@@ -32,6 +32,7 @@ from airuntime.devstack.embedded import ENV_VAR, redis_for_process
 from airuntime.engine.execution_store import ExecutionInfo, ExecutionStore
 from airuntime.engine.pipeline import PipelineError, load_pipeline
 from airuntime.engine.pipeline import compile_pipeline as compile_spec
+from airuntime.engine.status import ExecutionStatus, StepStatus
 from airuntime.examples import pipeline_path
 
 app = typer.Typer(
@@ -154,7 +155,7 @@ def run(
         out.print_json(json.dumps(snapshot))
     else:
         _print_table(snapshot)
-    raise typer.Exit(EXIT_OK if status == "Succeeded" else EXIT_FAILED)
+    raise typer.Exit(EXIT_OK if status is ExecutionStatus.SUCCEEDED else EXIT_FAILED)
 
 
 async def _run(
@@ -164,7 +165,7 @@ async def _run(
     run_inputs: dict[str, Any],
     answers: dict[str, Any],
     quiet: bool,
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[ExecutionStatus, dict[str, Any]]:
     from airuntime.core.redis_client import connect
     from airuntime.engine.local_run import NoInputAvailable, run_plan
 
@@ -225,9 +226,8 @@ def _print_table(snapshot: dict[str, Any]) -> None:
         dur = ""
         if st.get("claimed_at_ms") and st.get("finished_at_ms"):
             dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
-        shown = (
-            st.get("error") if st.get("error") and st["status"] != "completed" else st.get("output")
-        )
+        failed = st.get("error") and st["status"] != StepStatus.COMPLETED
+        shown = st.get("error") if failed else st.get("output")
         text = json.dumps(shown) if not isinstance(shown, str) else shown
         if len(text) > 60:
             text = text[:57] + "..."
@@ -264,10 +264,12 @@ def worker(
         raise _fail_invalid(str(exc)) from None
     status, stats = asyncio.run(_participate(redis_url, execution_id, settings))
     out.print(json.dumps({"execution_id": execution_id, "status": status, **stats}))
-    raise typer.Exit(EXIT_OK if status == "Succeeded" else EXIT_FAILED)
+    raise typer.Exit(EXIT_OK if status is ExecutionStatus.SUCCEEDED else EXIT_FAILED)
 
 
-async def _participate(url: str, execution_id: str, settings: Any) -> tuple[str, dict[str, Any]]:
+async def _participate(
+    url: str, execution_id: str, settings: Any
+) -> tuple[ExecutionStatus, dict[str, Any]]:
     import os
     from dataclasses import asdict
 

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from airuntime.core.errors import OK, EngineError, NonRetryableError, StaleClaim
@@ -40,11 +41,12 @@ from airuntime.engine.concurrency import (
     ConcurrencyLeases,
     ZeroLimitPolicy,
 )
-from airuntime.engine.execution_store import TERMINAL_STATUSES, Claim, ExecutionStore
+from airuntime.engine.execution_store import Claim, ExecutionStore, FailOutcome
 from airuntime.engine.handlers import HandlerRegistry, StepContext, default_registry, invoke
 from airuntime.engine.pipeline import Plan, PlanStep
 from airuntime.engine.references import resolve
 from airuntime.engine.retry import retry_delay_s
+from airuntime.engine.status import ExecutionStatus
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,18 @@ class PoolStats:
     recovered: int = 0
 
 
-StepObserver = Callable[[str, str, str, float], None]
+class AttemptOutcome(StrEnum):
+    """How one attempt of a step ended, as far as this pool saw it."""
+
+    COMPLETED = "completed"
+    """The handler returned; the completion is flushed in a batch."""
+    FAILED = "failed"
+    """The handler raised; the failure was reported (retry or not is the script's call)."""
+    CRASHED = "crashed"
+    """The attempt was cancelled without a report; its claim expires and is recovered."""
+
+
+StepObserver = Callable[[str, str, AttemptOutcome, float], None]
 """(execution_id, step_id, outcome, seconds) after each step attempt."""
 
 
@@ -141,7 +154,7 @@ class WorkerPool:
         self.observer = observer
         self.stats = PoolStats()
 
-    async def run(self, execution_id: str, *, workers: int | None = None) -> str:
+    async def run(self, execution_id: str, *, workers: int | None = None) -> ExecutionStatus:
         """Participate in ``execution_id`` until it is finalized; return its terminal status."""
         n = workers if workers is not None else self.settings.workers
         if n < 1:
@@ -179,13 +192,13 @@ class _Participation:
         self.pending: list[tuple[str, str, str, str]] = []
         self.have_completions = asyncio.Event()
         self.wake = asyncio.Event()
-        self.terminal: str | None = None
+        self.terminal: ExecutionStatus | None = None
         self.throttled_ready = 0
         self.throttle_retry_ms = -1
 
     # -- main loop -----------------------------------------------------------------
 
-    async def run(self) -> str:
+    async def run(self) -> ExecutionStatus:
         flusher = asyncio.create_task(self._flusher(), name=f"flush:{self.eid}")
         renewer = asyncio.create_task(self._renewer(), name=f"renew:{self.eid}")
         try:
@@ -216,16 +229,17 @@ class _Participation:
                 self.pool.stats.recovered += batch.recovered
                 self._start(batch.claims)
                 self.throttled_ready = batch.throttled_ready
-                if batch.status in TERMINAL_STATUSES:
+                if batch.status.terminal:
                     self.terminal = batch.status
                     break
                 claimed = len(batch.claims)
-                if self.free > 0 and self.throttled_ready > 0 and batch.status == "Running":
+                running = batch.status is ExecutionStatus.RUNNING
+                if self.free > 0 and self.throttled_ready > 0 and running:
                     claimed += await self._claim_throttled()
                 if claimed >= want:
                     backoff_ms = 1
                     continue  # the batch was full: more may be ready right now
-                if batch.status != "Running":
+                if batch.status is not ExecutionStatus.RUNNING:
                     wait_ms = self.settings.blocked_poll_ms
                 else:
                     wait_ms = backoff_ms
@@ -315,7 +329,7 @@ class _Participation:
         claim = r.claim
         loop = asyncio.get_running_loop()
         started = loop.time()
-        outcome = "crashed"
+        outcome = AttemptOutcome.CRASHED
         try:
             step = self.steps[claim.step_id]
             try:
@@ -323,10 +337,10 @@ class _Participation:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a failed attempt
-                outcome = "failed"
+                outcome = AttemptOutcome.FAILED
                 await self._report_failure(step, r, exc)
             else:
-                outcome = "completed"
+                outcome = AttemptOutcome.COMPLETED
                 # The worker slot stays held until the completion is flushed: that
                 # flush claims the next ready steps into it (claim_next).
                 self.pending.append((claim.step_id, claim.token, r.worker, output_json))
@@ -340,7 +354,7 @@ class _Participation:
         finally:
             self.running.pop(claim.step_id, None)
             self.idle_workers.append(int(r.worker.rsplit("/w", 1)[1]))
-            if outcome != "completed":
+            if outcome is not AttemptOutcome.COMPLETED:
                 self.free += 1
             if r.lease is not None:
                 scope, holder, _ = r.lease
@@ -348,7 +362,7 @@ class _Participation:
                     await self.pool.leases.release(scope, holder)
             if self.pool.observer is not None:
                 self.pool.observer(self.eid, claim.step_id, outcome, loop.time() - started)
-            if outcome != "completed":
+            if outcome is not AttemptOutcome.COMPLETED:
                 self.wake.set()
 
     async def _execute(self, step: PlanStep, claim: Claim) -> str:
@@ -414,9 +428,9 @@ class _Participation:
         except EngineError as err:
             log.warning("failure of %s/%s not recorded: %s", self.eid, claim.step_id, err)
             return
-        if result.outcome == "retry":
+        if result.outcome is FailOutcome.RETRY:
             self.pool.stats.retries_scheduled += 1
-        if result.status in TERMINAL_STATUSES:
+        if result.status.terminal:
             self.terminal = result.status
 
     # -- batched completion ------------------------------------------------------------
@@ -457,7 +471,7 @@ class _Participation:
                     self.pool.stats.stale_rejections += 1
             self._start(result.claims)
             self.throttled_ready = result.throttled_ready
-            if result.status in TERMINAL_STATUSES:
+            if result.status.terminal:
                 self.terminal = result.status
             if len(result.claims) < slots or self.terminal or result.throttled_ready:
                 self.wake.set()  # slots left over, or something else to look at
