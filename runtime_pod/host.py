@@ -46,7 +46,7 @@ class SettingValue(BaseModel):
 
 async def allocate_instance_ids(redis: Redis, prefix: str, count: int) -> list[str]:
     """``<prefix>-<n>`` ids, n from a per-prefix counter (never reused)."""
-    last = int(await redis.incrby(f"{keys.PREFIX}:prefix:{prefix}:seq", count))
+    last = int(await redis.incrby(keys.prefix_sequence(prefix), count))
     return [f"{prefix}-{n}" for n in range(last - count + 1, last + 1)]
 
 

@@ -507,7 +507,8 @@ class RuntimeInstance:
             record, request = loaded
             if not self._may_serve(await self.registry.tenant(record.tenant_id)):
                 continue
-            lease = f"{keys.PREFIX}:assist:{record.execution_id}:{self.instance_id}"
+            assert record.execution_id is not None  # runs without one were skipped above
+            lease = keys.assist_lease(record.execution_id, self.instance_id)
             if not await self.redis.set(lease, "1", nx=True, px=self.config.heartbeat_ttl_ms * 10):
                 continue
             if not self._launch(record, request, assisting=True):

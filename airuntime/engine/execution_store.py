@@ -366,6 +366,13 @@ class ExecutionStore:
             context=ctx,
         )
 
+    async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
+        """Up to ``count`` ready throttled steps, in plan order (they are claimed one by
+        one with :meth:`claim_step` once admission lets them through)."""
+        key = keys.execution_keys(execution_id).ready_throttled
+        raw = await self.redis.zrange(key, 0, count - 1)
+        return [_s(m) for m in raw]
+
     async def step_states(self, execution_id: str) -> dict[str, StepStatus]:
         raw = await self.redis.hgetall(keys.execution_keys(execution_id).status)
         return {_s(k): StepStatus(_s(v)) for k, v in raw.items()}

@@ -272,16 +272,12 @@ class _Participation:
     # -- throttled path: policy -> lease -> claim ------------------------------------
 
     async def _claim_throttled(self) -> int:
-        keys_ready = self.store.redis.zrange
-        from airuntime.core.keys import execution_keys
-
-        members = await keys_ready(execution_keys(self.eid).ready_throttled, 0, self.free * 4 - 1)
+        candidates = await self.store.throttled_ready(self.eid, self.free * 4)
         claimed = 0
         self.throttle_retry_ms = -1
-        for raw in members:
+        for step_id in candidates:
             if self.free <= 0:
                 break
-            step_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             step = self.steps.get(step_id)
             if step is None or step.throttle is None or step_id in self.running:
                 continue
