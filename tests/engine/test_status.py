@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from airuntime.core.scripts import LUA_DIR
+from airuntime.core.scripts import library
 from airuntime.engine.execution_store import ExecutionStore, LedgerEvent
 from airuntime.engine.handlers import HandlerRegistry, StepContext
 from airuntime.engine.pipeline import Plan
@@ -27,14 +27,13 @@ from tests.dags import plan_of
 
 
 def _execution_lua() -> str:
-    """The scripts that write execution state (21 keys) and the includes they use."""
-    paths = [*LUA_DIR.glob("*-21.lua"), *(LUA_DIR / "includes").glob("*.lua")]
-    return "\n".join(p.read_text() for p in sorted(paths))
+    """The scripts that write execution state (21 keys), includes expanded."""
+    return "\n".join(s.source for s in library().scripts.values() if s.num_keys == 21)
 
 
 def _step_status_literals(lua: str) -> set[str]:
     """Values written to the step status hash or compared with a step's status."""
-    written = re.findall(r"'HSET',\s*(?:ek\.status|statusKey),\s*[^,()]+,\s*'([a-z_]+)'", lua)
+    written = re.findall(r"'HSET',\s*ek\.status,\s*[^,()]+,\s*'([a-z_]+)'", lua)
     leftovers = re.findall(r"\bleftover\s*=\s*'([a-z_]+)'", lua)
     compared = re.findall(r"\b(?:st|\w+\))\s*[=~]=\s*'([a-z_]+)'", lua)
     return {*written, *leftovers, *compared}
