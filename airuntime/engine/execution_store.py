@@ -122,6 +122,40 @@ class LedgerEvent:
         return self.fields.get(name, default)
 
 
+def _create_args(
+    eid: str,
+    plan: Plan,
+    context: ExecutionContextSnapshot | None,
+    run_inputs: Mapping[str, Any],
+    retention_s: int,
+) -> list[Any]:
+    """ARGV of ``createExecution-21.lua``: the execution, then seven values per step."""
+    args: list[Any] = [
+        eid,
+        plan.to_json(),
+        plan.digest,
+        plan.pipeline_id,
+        plan.failure_policy,
+        retention_s,
+        context.tenant_id if context else "",
+        context.model_dump_json() if context else "",
+        json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
+        len(plan.steps),
+    ]
+    for step in plan.steps:
+        kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
+        args += [
+            step.id,
+            step.order,
+            len(step.deps),
+            ",".join(step.children),
+            ",".join(step.refs),
+            kind,
+            step.retry.max_attempts,
+        ]
+    return args
+
+
 def _parse_claims(
     execution_id: str, reply: Sequence[Any], start: int, count: int
 ) -> tuple[list[Claim], int]:
@@ -177,29 +211,7 @@ class ExecutionStore:
         """Write a new execution (idempotent for the same id and plan) and return its id."""
         eid = execution_id or f"ex-{uuid.uuid4().hex}"
         run_inputs = {**plan.inputs, **(inputs or {})}
-        args: list[Any] = [
-            eid,
-            plan.to_json(),
-            plan.digest,
-            plan.pipeline_id,
-            plan.failure_policy,
-            retention_s,
-            context.tenant_id if context else "",
-            context.model_dump_json() if context else "",
-            json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
-            len(plan.steps),
-        ]
-        for step in plan.steps:
-            kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
-            args += [
-                step.id,
-                step.order,
-                len(step.deps),
-                ",".join(step.children),
-                ",".join(step.refs),
-                kind,
-                step.retry.max_attempts,
-            ]
+        args = _create_args(eid, plan, context, run_inputs, retention_s)
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)
