@@ -156,16 +156,8 @@ class ExecutionKeys:
         return self.key("running")
 
     @property
-    def ready(self) -> str:
-        return self.key("ready")
-
-    @property
     def ready_throttled(self) -> str:
         return self.key("ready_throttled")
-
-    @property
-    def attempt(self) -> str:
-        return self.key("attempt")
 
     @property
     def token(self) -> str:
