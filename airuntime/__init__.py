@@ -61,18 +61,9 @@ _HOMES = {
 }
 
 
-def _installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("airuntime")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value: Any = _installed_version()
+        value: Any = importlib.import_module("airuntime.core.version").installed_version()
     elif name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name]), name)
     else:

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import airuntime
+from airuntime.core.version import installed_version
 
 PUBLIC = [
     "AirError",
@@ -63,7 +64,11 @@ def test_the_version_without_installed_metadata(monkeypatch: pytest.MonkeyPatch)
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    assert airuntime._installed_version() == "0+unknown"
+    installed_version.cache_clear()
+    try:
+        assert installed_version() == "0+unknown"
+    finally:
+        installed_version.cache_clear()
 
 
 def test_unknown_names_are_attribute_errors() -> None:
