@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 async def allocate_instance_ids(redis: Redis, prefix: str, count: int) -> list[str]:
     """``<prefix>-<n>`` ids, n from a per-prefix counter (never reused)."""
-    last = int(await redis.incrby(f"{keys.PREFIX}:prefix:{prefix}:seq", count))
+    last = int(await redis.incrby(keys.prefix_sequence(prefix), count))
     return [f"{prefix}-{n}" for n in range(last - count + 1, last + 1)]
 
 

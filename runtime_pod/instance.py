@@ -39,6 +39,7 @@ from airuntime.core.validation import format_validation_error
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.fleet.instance_settings import InstanceConfig
 from airuntime.fleet.registry import (
@@ -64,9 +65,9 @@ class RunRefused(AirError):
 
 
 _TERMINAL_TO_RUN = {
-    "Succeeded": RunStatus.COMPLETED,
-    "Failed": RunStatus.FAILED,
-    "Cancelled": RunStatus.CANCELLED,
+    ExecutionStatus.SUCCEEDED: RunStatus.COMPLETED,
+    ExecutionStatus.FAILED: RunStatus.FAILED,
+    ExecutionStatus.CANCELLED: RunStatus.CANCELLED,
 }
 
 
@@ -509,7 +510,8 @@ class RuntimeInstance:
             record, request = loaded
             if not self._may_serve(await self.registry.tenant(record.tenant_id)):
                 continue
-            lease = f"{keys.PREFIX}:assist:{record.execution_id}:{self.instance_id}"
+            assert record.execution_id is not None  # runs without one were skipped above
+            lease = keys.assist_lease(record.execution_id, self.instance_id)
             if not await self.redis.set(lease, "1", nx=True, px=self.config.heartbeat_ttl_ms * 10):
                 continue
             if not self._launch(record, request, assisting=True):

@@ -20,9 +20,9 @@ from typing import Annotated
 
 import typer
 
-from airuntime import __version__
 from airuntime.cli import client, engine, examples, local, server
 from airuntime.cli.common import EXIT_OK, invalid, out
+from airuntime.core.version import installed_version
 
 app = typer.Typer(
     name="airt",
@@ -35,7 +35,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        out.print(f"airt {__version__}", highlight=False)
+        out.print(f"airt {installed_version()}", highlight=False)
         raise typer.Exit(EXIT_OK)
 
 
@@ -57,7 +57,7 @@ def _root(
 @app.command()
 def version() -> None:
     """Print the airuntime version."""
-    out.print(__version__)
+    out.print(installed_version())
 
 
 def _load_plugins() -> None:

@@ -25,14 +25,20 @@ from airuntime.cli.common import (
     pipeline_document,
 )
 from airuntime.control_plane.settings import SubmitMode
+from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core.errors import ConfigError
 from airuntime.core.settings import env_name
+from airuntime.fleet.runs import RunStatus
 
 _Api = Annotated[str | None, typer.Option(envvar=env_name("api_url"))]
 _Token = Annotated[str | None, typer.Option(envvar=env_name("api_token"))]
 
-_FINISHED_RUN = ("completed", "failed", "cancelled")
+_FINISHED_RUN = frozenset(s.value for s in RunStatus if s.terminal)
 """Run states after which a run changes no more."""
+_FINISHED_SHARED_RUN = frozenset(
+    s.value for s in (SharedRunStatus.REJECTED, SharedRunStatus.CANCELLED, SharedRunStatus.FAILED)
+)
+"""Shared-run states in which no runtime run will ever start."""
 
 
 def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs: Any) -> Any:
@@ -97,7 +103,7 @@ def submit(
     final = _follow(base, tok, run["shared_run_id"])
     out.print(json.dumps(final, indent=2))
     status = (final.get("run") or {}).get("status")
-    raise typer.Exit(EXIT_OK if status == "completed" else EXIT_FAILED)
+    raise typer.Exit(EXIT_OK if status == RunStatus.COMPLETED else EXIT_FAILED)
 
 
 def finished(body: dict[str, Any]) -> bool:
@@ -126,7 +132,7 @@ def _follow(base: str, token: str, srid: str, timeout_s: float = 600) -> dict[st
             progress.update(
                 task, total=ex.get("total"), completed=ex.get("done", 0), state=state.strip()
             )
-            if finished(body) or body.get("status") in ("Rejected", "Cancelled", "Failed"):
+            if finished(body) or body.get("status") in _FINISHED_SHARED_RUN:
                 return dict(body)
             time.sleep(0.2)
     raise invalid(f"run {srid} did not finish within {timeout_s} s")

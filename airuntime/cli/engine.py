@@ -31,6 +31,7 @@ from airuntime.core.errors import AirError
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.embedded import redis_for_process
 from airuntime.engine.execution_store import ExecutionInfo, ExecutionStore
+from airuntime.engine.status import ExecutionStatus, StepStatus
 
 
 def run(
@@ -80,7 +81,7 @@ def run(
         out.print_json(json.dumps(snapshot))
     else:
         _print_table(snapshot)
-    raise typer.Exit(EXIT_OK if status == "Succeeded" else EXIT_FAILED)
+    raise typer.Exit(EXIT_OK if status == ExecutionStatus.SUCCEEDED else EXIT_FAILED)
 
 
 async def _run(
@@ -152,7 +153,9 @@ def _print_table(snapshot: dict[str, Any]) -> None:
         if st.get("claimed_at_ms") and st.get("finished_at_ms"):
             dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
         shown = (
-            st.get("error") if st.get("error") and st["status"] != "completed" else st.get("output")
+            st.get("error")
+            if st.get("error") and st["status"] != StepStatus.COMPLETED
+            else st.get("output")
         )
         text = json.dumps(shown) if not isinstance(shown, str) else shown
         if len(text) > 60:
@@ -189,7 +192,7 @@ def worker(
         raise invalid(str(exc)) from None
     status, stats = asyncio.run(_participate(redis_url, execution_id, settings))
     out.print(json.dumps({"execution_id": execution_id, "status": status, **stats}))
-    raise typer.Exit(EXIT_OK if status == "Succeeded" else EXIT_FAILED)
+    raise typer.Exit(EXIT_OK if status == ExecutionStatus.SUCCEEDED else EXIT_FAILED)
 
 
 async def _participate(url: str, execution_id: str, settings: Any) -> tuple[str, dict[str, Any]]:

@@ -40,6 +40,7 @@ from airuntime.control_plane.settings import (
 from airuntime.core.errors import ConfigError
 from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV
 from airuntime.devstack.embedded import redis_for_process
+from airuntime.fleet.runs import RunStatus
 
 
 def up(
@@ -193,7 +194,7 @@ def _demo_report(submitted: dict[str, str], results: dict[str, dict[str, Any]]) 
             highlight=False,
         )
     completed = sum(
-        1 for b in results.values() if (b.get("run") or {}).get("status") == "completed"
+        1 for b in results.values() if (b.get("run") or {}).get("status") == RunStatus.COMPLETED
     )
     ok = completed == len(submitted)
     out.print(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from airuntime.control_plane.shared_runs import SharedRun
 from airuntime.engine.execution_store import ExecutionInfo
+from airuntime.engine.status import ExecutionStatus, StepStatus
 from airuntime.fleet.runs import RunRecord, RunStatus
 
 
@@ -58,7 +59,7 @@ class RunRecordView(BaseModel):
 class ExecutionProgress(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    status: str
+    status: ExecutionStatus
     total: int
     done: int
     completed: int
@@ -86,7 +87,7 @@ class SharedRunDetails(SharedRunView):
     """The queue item's hash, as the shared-queue scripts wrote it."""
     run: RunRecordView | None = None
     execution: ExecutionProgress | None = None
-    steps: dict[str, str] | None = None
+    steps: dict[str, StepStatus] | None = None
 
     @classmethod
     def of(cls, run: SharedRun, queue_item: dict[str, str] | None = None) -> SharedRunDetails:

@@ -154,11 +154,11 @@ class SharedQueue:
 
     async def item(self, shared_run_id: str) -> dict[str, str]:
         """The item's hash as the scripts wrote it (empty when there is no item)."""
-        raw = await self.redis.hgetall(keys.squeue_item_prefix() + shared_run_id)
+        raw = await self.redis.hgetall(keys.squeue_item(shared_run_id))
         return {_s(k): _s(v) for k, v in raw.items()}
 
     async def status(self, shared_run_id: str) -> QueueItemStatus | None:
-        raw = await self.redis.hget(keys.squeue_item_prefix() + shared_run_id, "status")
+        raw = await self.redis.hget(keys.squeue_item(shared_run_id), "status")
         return QueueItemStatus(_s(raw)) if raw else None
 
     async def pending_count(self) -> int:
@@ -168,7 +168,7 @@ class SharedQueue:
         ids = await self.redis.zrange(keys.squeue_pending(), 0, -1)
         counts: dict[str, int] = {}
         for srid in ids:
-            tenant = await self.redis.hget(keys.squeue_item_prefix() + _s(srid), "tenant_id")
+            tenant = await self.redis.hget(keys.squeue_item(_s(srid)), "tenant_id")
             t = _s(tenant) if tenant else "unknown"
             counts[t] = counts.get(t, 0) + 1
         return counts

@@ -1,4 +1,4 @@
-"""Every exception airuntime raises, in one tree, and the Lua error-code table.
+"""Every exception airuntime raises, in one tree, and the Lua return codes they stand for.
 
 Lower-layer errors (redis, pydantic, yaml) are translated once, at the boundary that
 sees them, into one of these; callers catch airuntime errors only::
@@ -6,6 +6,7 @@ sees them, into one of these; callers catch airuntime errors only::
     AirError
     ├── ConfigError                      bad settings / environment
     ├── PipelineError (ValueError)       invalid pipeline file or object (airuntime.engine.pipeline)
+    ├── NonRetryableError                a step attempt failed in a way no retry can fix
     ├── EngineError                      a Lua transition refused the request
     │   ├── ExecutionNotFound            code -1
     │   ├── StepNotFound                 code -2
@@ -17,11 +18,18 @@ sees them, into one of these; callers catch airuntime errors only::
     │   ├── DependenciesIncomplete       code -8
     │   └── ExecutionExists              code -9  same id, different plan
     └── ScriptError                      a script broke its contract (wrong key count, ...)
+
+Each :class:`EngineError` subclass carries the negative ``code`` its scripts return and
+the ``template`` of its message; :func:`error_for` finds the class by code in a table
+built from the classes themselves, so a code has exactly one meaning in one place.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from typing import ClassVar
+
+#: Return code of a script call that did what was asked (negative codes are errors).
+OK = 1
 
 
 class AirError(Exception):
@@ -36,10 +44,29 @@ class ScriptError(AirError):
     """A Lua script was called against its contract or returned something unexpected."""
 
 
-class EngineError(AirError):
-    """A Lua transition refused the request; ``code`` is the script's return code."""
+class NonRetryableError(AirError):
+    """Raised by a handler (or the worker pool) when retrying the step cannot help."""
 
-    code: int = 0
+
+_BY_CODE: dict[int, type[EngineError]] = {}
+
+
+class EngineError(AirError):
+    """A Lua transition refused the request; ``code`` is the script's return code.
+
+    The message is ``template`` filled with ``eid`` (execution id), ``step`` (step id)
+    and ``detail`` (what the script returned beside the code, e.g. a status)."""
+
+    code: ClassVar[int] = 0
+    template: ClassVar[str] = "Engine error {code} for execution {eid}."
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "code" not in cls.__dict__:
+            return  # a refinement of an error that already has its code
+        other = _BY_CODE.setdefault(cls.code, cls)
+        if other is not cls:
+            raise TypeError(f"{cls.__name__} and {other.__name__} both claim code {cls.code}")
 
     def __init__(self, message: str, *, execution_id: str = "", step_id: str = "") -> None:
         super().__init__(message)
@@ -49,79 +76,63 @@ class EngineError(AirError):
 
 class ExecutionNotFound(EngineError):
     code = -1
+    template = "Execution {eid} does not exist."
 
 
 class StepNotFound(EngineError):
     code = -2
+    template = "Step {step!r} does not exist in execution {eid}."
 
 
 class StaleClaim(EngineError):
     code = -3
+    template = (
+        "Step {step!r} of execution {eid} is no longer owned by this claim token "
+        "(the claim expired and was recovered, or another worker owns it)."
+    )
 
 
 class InvalidTransition(EngineError):
     code = -4
+    template = "Step {step!r} of execution {eid} is not in a state that allows this."
 
 
 class ControlBlocked(EngineError):
     code = -5
+    template = "Execution {eid} is {detail}; new claims are blocked."
 
 
 class ExecutionTerminal(EngineError):
     code = -6
+    template = "Execution {eid} is already finalized ({detail})."
 
 
 class LeaseDenied(EngineError):
     code = -7
+    template = "Concurrency scope {detail!r} is full."
 
 
 class DependenciesIncomplete(EngineError):
     code = -8
+    template = "Step {step!r} of execution {eid} has unfinished dependencies."
 
 
 class ExecutionExists(EngineError):
     code = -9
+    template = "Execution {eid} already exists with a different plan."
 
 
-class Code(IntEnum):
-    """Return codes shared by every Lua script (see each script's header)."""
-
-    OK = 1
-    EXECUTION_NOT_FOUND = -1
-    STEP_NOT_FOUND = -2
-    STALE_CLAIM = -3
-    INVALID_TRANSITION = -4
-    CONTROL_BLOCKED = -5
-    EXECUTION_TERMINAL = -6
-    LEASE_DENIED = -7
-    DEPENDENCIES_INCOMPLETE = -8
-    EXECUTION_EXISTS = -9
-
-
-_BY_CODE: dict[int, tuple[type[EngineError], str]] = {
-    -1: (ExecutionNotFound, "Execution {eid} does not exist."),
-    -2: (StepNotFound, "Step {step!r} does not exist in execution {eid}."),
-    -3: (
-        StaleClaim,
-        "Step {step!r} of execution {eid} is no longer owned by this claim token "
-        "(the claim expired and was recovered, or another worker owns it).",
-    ),
-    -4: (InvalidTransition, "Step {step!r} of execution {eid} is not in a state that allows this."),
-    -5: (ControlBlocked, "Execution {eid} is {detail}; new claims are blocked."),
-    -6: (ExecutionTerminal, "Execution {eid} is already finalized ({detail})."),
-    -7: (LeaseDenied, "Concurrency scope {detail!r} is full."),
-    -8: (DependenciesIncomplete, "Step {step!r} of execution {eid} has unfinished dependencies."),
-    -9: (ExecutionExists, "Execution {eid} already exists with a different plan."),
-}
+def engine_errors() -> dict[int, type[EngineError]]:
+    """Negative script return code -> the error class that carries it."""
+    return dict(_BY_CODE)
 
 
 def error_for(
     code: int, *, execution_id: str = "", step_id: str = "", detail: str = ""
 ) -> EngineError:
     """Map a negative script return code to its typed exception (message names the ids)."""
-    try:
-        cls, template = _BY_CODE[code]
-    except KeyError:
+    cls = _BY_CODE.get(code)
+    if cls is None:
         return EngineError(f"Unknown engine error code {code} for execution {execution_id}.")
-    message = template.format(eid=execution_id, step=step_id, detail=detail)
+    message = cls.template.format(eid=execution_id, step=step_id, detail=detail)
     return cls(message, execution_id=execution_id, step_id=step_id)

@@ -58,13 +58,19 @@ Global:
 ``air:shared-run:<SRID>``   string  RunId accepted for a SharedRunId (SET NX). run_index.
 ``air:instance:<id>:queue`` list    RunIds accepted by an instance, not yet started.
 ``air:instance:<id>:inbox`` stream  run requests delivered by the ``redis`` provider.
+``air:reply:<token>``       list    the instance's answer to one inbox request (the
+                                    ``redis`` provider BLPOPs it).
+``air:assist:<E>:<inst>``   string  an instance assists execution E (SET NX, PX; at most
+                                    one assist per instance and execution). runtime_pod.
+``air:prefix:<p>:seq``      string  counter behind ``<p>-<n>`` instance ids (never reused).
 ``air:runs:<state>``        zset    RunIds queued / running (adoption scans).
 ``air:runs:tenant:<t>``     zset    a tenant's RunIds by creation time.
 ``air:srun:<SRID>``         string  SharedRun JSON. shared_runs.
 ``air:sruns[:tenant:<t>]``  zset    shared runs by creation time (all / per tenant).
 ``air:{squeue}:pending``    zset    Pending shared-queue items (score = enqueue us).
 ``air:{squeue}:claimed``    zset    Claimed items (score = claim lease expiry ms).
-``air:{squeue}:item:<SRID>`` hash   queue item status, claim token, counters.
+``air:{squeue}:item:<SRID>`` hash   queue item status, claim token, counters (the scripts
+                                    build it from :func:`squeue_item_prefix` + SRID).
 ``air:{r:<inst>}:reservations`` zset admission reservations of an instance's run slots.
 ``air:scaleout:<id>``       string  ScaleOutRequest JSON; ``air:scaleouts`` zset index.
 ``air:control-plane``       string  control-plane discovery descriptor (TTL).
@@ -150,16 +156,8 @@ class ExecutionKeys:
         return self.key("running")
 
     @property
-    def ready(self) -> str:
-        return self.key("ready")
-
-    @property
     def ready_throttled(self) -> str:
         return self.key("ready_throttled")
-
-    @property
-    def attempt(self) -> str:
-        return self.key("attempt")
 
     @property
     def token(self) -> str:
@@ -215,6 +213,21 @@ def instance_inbox(instance_id: str) -> str:
     return f"{PREFIX}:instance:{instance_id}:inbox"
 
 
+def reply_list(token: str) -> str:
+    """Where a runtime instance answers one request of its inbox."""
+    return f"{PREFIX}:reply:{token}"
+
+
+def assist_lease(execution_id: str, instance_id: str) -> str:
+    """Held while ``instance_id`` assists another instance's execution."""
+    return f"{PREFIX}:assist:{execution_id}:{instance_id}"
+
+
+def prefix_sequence(prefix: str) -> str:
+    """The counter that numbers the instance ids ``<prefix>-<n>``."""
+    return f"{PREFIX}:prefix:{prefix}:seq"
+
+
 def runs_in_state(state: str) -> str:
     return f"{PREFIX}:runs:{state}"
 
@@ -245,6 +258,10 @@ def squeue_claimed() -> str:
 
 def squeue_item_prefix() -> str:
     return f"{PREFIX}:{{squeue}}:item:"
+
+
+def squeue_item(shared_run_id: str) -> str:
+    return f"{squeue_item_prefix()}{shared_run_id}"
 
 
 def reservations(instance_id: str) -> str:

@@ -22,8 +22,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-from airuntime import __version__
 from airuntime.core.errors import ScriptError
+from airuntime.core.version import installed_version
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME = re.compile(r"^(?P<name>[a-z][A-Za-z]+)-(?P<keys>\d+)\.lua$")
@@ -68,7 +68,7 @@ def load_script(path: Path) -> LuaScript:
         raise ScriptError(f"Lua script file name {path.name!r} is not <verbNoun>-<numKeys>.lua.")
     name = m.group("name")
     body = "\n".join(_expand(path, path.parent / "includes", set(), [path.stem]))
-    source = f"-- airuntime {__version__} {name}\n{body}\n"
+    source = f"-- airuntime {installed_version()} {name}\n{body}\n"
     sha = hashlib.sha1(source.encode()).hexdigest()
     return LuaScript(name=name, num_keys=int(m.group("keys")), source=source, sha=sha)
 

@@ -6,7 +6,8 @@ compiled (:mod:`~airuntime.engine.pipeline`), written to Redis as an execution
 scripts) and advanced by any number of worker pools in any number of processes
 (:mod:`~airuntime.engine.worker_pool`), under concurrency leases
 (:mod:`~airuntime.engine.concurrency`) and deterministic retry
-(:mod:`~airuntime.engine.retry`).
+(:mod:`~airuntime.engine.retry`). The states an execution and its steps go through, and
+the changes allowed between them, are named in :mod:`~airuntime.engine.status`.
 
 Layer: above :mod:`airuntime.core`; knows nothing of tenants' fleets or the control plane.
 """

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.errors import OK
 from airuntime.core.scripts import ScriptLibrary, library
 
 
@@ -73,7 +74,7 @@ class ConcurrencyLeases:
         reply: Any = await self.scripts.call(
             self.redis, "acquireLease", [keys.lease_holders(scope)], [holder, limit, ttl_ms]
         )
-        if int(reply[0]) == 1:
+        if int(reply[0]) == OK:
             return LeaseResult(True, holders=int(reply[1]))
         return LeaseResult(False, retry_after_ms=int(reply[1]))
 
@@ -81,13 +82,13 @@ class ConcurrencyLeases:
         reply = await self.scripts.call(
             self.redis, "releaseLease", [keys.lease_holders(scope)], [holder]
         )
-        return int(reply) == 1
+        return int(reply) == OK
 
     async def renew(self, scope: str, holder: str, ttl_ms: int) -> bool:
         reply = await self.scripts.call(
             self.redis, "renewLease", [keys.lease_holders(scope)], [holder, ttl_ms]
         )
-        return int(reply) == 1
+        return int(reply) == OK
 
     async def holders(self, scope: str) -> int:
         """Current holders, expired ones included until the next acquire drops them."""

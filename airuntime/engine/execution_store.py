@@ -13,17 +13,18 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
-from airuntime.core.errors import ExecutionNotFound, ScriptError, error_for
+from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, ScriptError, error_for
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
+from airuntime.engine.status import ExecutionStatus, StepStatus
 
-TERMINAL_STATUSES = frozenset({"Succeeded", "Failed", "Cancelled"})
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 
 
@@ -46,9 +47,18 @@ class Claim:
     ref_outputs: dict[str, Any]
 
 
+class FailOutcome(StrEnum):
+    """What ``failStep`` did with a failed attempt."""
+
+    RETRY = "retry"
+    """Attempts left: the step waits for its retry."""
+    FAILED = "failed"
+    """The step failed for good."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimBatch:
-    status: str
+    status: ExecutionStatus
     wake_ms: int
     throttled_ready: int
     claims: list[Claim]
@@ -57,7 +67,7 @@ class ClaimBatch:
 
 @dataclass(frozen=True, slots=True)
 class CompletionResult:
-    status: str
+    status: ExecutionStatus
     readied: int
     codes: list[int]
     throttled_ready: int = 0
@@ -66,15 +76,15 @@ class CompletionResult:
 
 @dataclass(frozen=True, slots=True)
 class FailResult:
-    status: str
-    outcome: Literal["retry", "failed"]
+    status: ExecutionStatus
+    outcome: FailOutcome
     attempt: int
     next_retry_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class RecoverResult:
-    status: str
+    status: ExecutionStatus
     promoted: int
     recovered: int
     wake_ms: int
@@ -84,7 +94,7 @@ class RecoverResult:
 class ExecutionInfo:
     execution_id: str
     pipeline_id: str
-    status: str
+    status: ExecutionStatus
     tenant_id: str
     total: int
     done: int
@@ -99,7 +109,7 @@ class ExecutionInfo:
 
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+        return self.status.terminal
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +120,40 @@ class LedgerEvent:
 
     def get(self, name: str, default: str = "") -> str:
         return self.fields.get(name, default)
+
+
+def _create_args(
+    eid: str,
+    plan: Plan,
+    context: ExecutionContextSnapshot | None,
+    run_inputs: Mapping[str, Any],
+    retention_s: int,
+) -> list[Any]:
+    """ARGV of ``createExecution-21.lua``: the execution, then seven values per step."""
+    args: list[Any] = [
+        eid,
+        plan.to_json(),
+        plan.digest,
+        plan.pipeline_id,
+        plan.failure_policy,
+        retention_s,
+        context.tenant_id if context else "",
+        context.model_dump_json() if context else "",
+        json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
+        len(plan.steps),
+    ]
+    for step in plan.steps:
+        kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
+        args += [
+            step.id,
+            step.order,
+            len(step.deps),
+            ",".join(step.children),
+            ",".join(step.refs),
+            kind,
+            step.retry.max_attempts,
+        ]
+    return args
 
 
 def _parse_claims(
@@ -144,8 +188,13 @@ class ExecutionStore:
         reply = await self.scripts.call(
             self.redis, name, keys.execution_keys(execution_id).all(), args
         )
-        if isinstance(reply, list) and reply and isinstance(reply[0], int) and reply[0] == -1:
-            raise error_for(-1, execution_id=execution_id)
+        if (
+            isinstance(reply, list)
+            and reply
+            and isinstance(reply[0], int)
+            and reply[0] == ExecutionNotFound.code
+        ):
+            raise error_for(ExecutionNotFound.code, execution_id=execution_id)
         return reply
 
     # -- lifecycle -----------------------------------------------------------------
@@ -162,32 +211,10 @@ class ExecutionStore:
         """Write a new execution (idempotent for the same id and plan) and return its id."""
         eid = execution_id or f"ex-{uuid.uuid4().hex}"
         run_inputs = {**plan.inputs, **(inputs or {})}
-        args: list[Any] = [
-            eid,
-            plan.to_json(),
-            plan.digest,
-            plan.pipeline_id,
-            plan.failure_policy,
-            retention_s,
-            context.tenant_id if context else "",
-            context.model_dump_json() if context else "",
-            json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
-            len(plan.steps),
-        ]
-        for step in plan.steps:
-            kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
-            args += [
-                step.id,
-                step.order,
-                len(step.deps),
-                ",".join(step.children),
-                ",".join(step.refs),
-                kind,
-                step.retry.max_attempts,
-            ]
+        args = _create_args(eid, plan, context, run_inputs, retention_s)
         reply = await self._call("createExecution", eid, args)
-        if reply[0] == -9:
-            raise error_for(-9, execution_id=eid)
+        if reply[0] == ExecutionExists.code:
+            raise error_for(ExecutionExists.code, execution_id=eid)
         now = int(time.time() * 1000)
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.executions_index(), {eid: now}, nx=True)
@@ -199,7 +226,8 @@ class ExecutionStore:
         self, execution_id: str, owner: str, count: int, lease_ms: int, move_limit: int = 256
     ) -> ClaimBatch:
         reply = await self._call("claimSteps", execution_id, [owner, count, lease_ms, move_limit])
-        status, wake, n, throttled = _s(reply[0]), _i(reply[1]), _i(reply[2]), _i(reply[3])
+        status = ExecutionStatus(_s(reply[0]))
+        wake, n, throttled = _i(reply[1]), _i(reply[2]), _i(reply[3])
         claims, _ = _parse_claims(execution_id, reply, 5, n)
         return ClaimBatch(status, wake, throttled, claims, recovered=_i(reply[4]))
 
@@ -235,7 +263,9 @@ class ExecutionStore:
         codes = [_i(c) for c in reply[3 : 3 + n]]
         throttled, claimed = _i(reply[3 + n]), _i(reply[4 + n])
         claims, _ = _parse_claims(execution_id, reply, 5 + n, claimed)
-        return CompletionResult(_s(reply[0]), _i(reply[1]), codes, throttled, claims)
+        return CompletionResult(
+            ExecutionStatus(_s(reply[0])), _i(reply[1]), codes, throttled, claims
+        )
 
     async def fail(
         self,
@@ -262,10 +292,11 @@ class ExecutionStore:
         )
         if isinstance(reply[0], int) and reply[0] < 0:
             raise error_for(_i(reply[0]), execution_id=execution_id, step_id=step_id)
-        outcome = _s(reply[1])
-        if outcome not in ("retry", "failed"):
-            raise ScriptError(f"failStep returned unknown outcome {outcome!r}")
-        return FailResult(_s(reply[0]), outcome, _i(reply[2]), _i(reply[3]))  # type: ignore[arg-type]
+        try:
+            outcome = FailOutcome(_s(reply[1]))
+        except ValueError:
+            raise ScriptError(f"failStep returned unknown outcome {_s(reply[1])!r}") from None
+        return FailResult(ExecutionStatus(_s(reply[0])), outcome, _i(reply[2]), _i(reply[3]))
 
     async def renew(
         self, execution_id: str, lease_ms: int, items: Sequence[tuple[str, str]]
@@ -274,31 +305,33 @@ class ExecutionStore:
         for step, token in items:
             args += [step, token]
         reply = await self._call("renewClaims", execution_id, args)
-        return [_i(c) == 1 for c in reply[1:]]
+        return [_i(c) == OK for c in reply[1:]]
 
     async def recover(self, execution_id: str, limit: int = 1000) -> RecoverResult:
         reply = await self._call("recoverStale", execution_id, [limit])
-        return RecoverResult(_s(reply[0]), _i(reply[1]), _i(reply[2]), _i(reply[3]))
+        return RecoverResult(
+            ExecutionStatus(_s(reply[0])), _i(reply[1]), _i(reply[2]), _i(reply[3])
+        )
 
-    async def _control(self, execution_id: str, action: str, actor: str) -> str:
+    async def _control(self, execution_id: str, action: str, actor: str) -> ExecutionStatus:
         reply = await self._call("controlExecution", execution_id, [action, actor])
         code = _i(reply[0])
         if code < 0:
             raise error_for(code, execution_id=execution_id, detail=_s(reply[1]))
-        return _s(reply[1])
+        return ExecutionStatus(_s(reply[1]))
 
-    async def pause(self, execution_id: str, actor: str = "") -> str:
+    async def pause(self, execution_id: str, actor: str = "") -> ExecutionStatus:
         return await self._control(execution_id, "pause", actor)
 
-    async def resume(self, execution_id: str, actor: str = "") -> str:
+    async def resume(self, execution_id: str, actor: str = "") -> ExecutionStatus:
         return await self._control(execution_id, "resume", actor)
 
-    async def cancel(self, execution_id: str, actor: str = "") -> str:
+    async def cancel(self, execution_id: str, actor: str = "") -> ExecutionStatus:
         return await self._control(execution_id, "cancel", actor)
 
     async def provide_input(
         self, execution_id: str, step_id: str, value: Any, actor: str = ""
-    ) -> str:
+    ) -> ExecutionStatus:
         reply = await self._call(
             "provideInput", execution_id, [step_id, json.dumps(value, separators=(",", ":")), actor]
         )
@@ -306,14 +339,14 @@ class ExecutionStore:
         if code < 0:
             detail = _s(reply[1]) if len(reply) > 1 else ""
             raise error_for(code, execution_id=execution_id, step_id=step_id, detail=detail)
-        return _s(reply[1])
+        return ExecutionStatus(_s(reply[1]))
 
-    async def finalize(self, execution_id: str) -> str | None:
+    async def finalize(self, execution_id: str) -> ExecutionStatus | None:
         """Finalize if terminal (idempotent); the terminal status, or None if still active."""
         reply = await self._call("finalizeExecution", execution_id, [])
-        if _i(reply[0]) == 1:
+        if _i(reply[0]) == OK:
             await self.redis.zrem(keys.active_executions(), execution_id)
-            return _s(reply[1])
+            return ExecutionStatus(_s(reply[1]))
         return None
 
     # -- reads ---------------------------------------------------------------------
@@ -331,7 +364,7 @@ class ExecutionStore:
         return ExecutionInfo(
             execution_id=execution_id,
             pipeline_id=m.get("pipeline_id", ""),
-            status=m.get("status", ""),
+            status=ExecutionStatus(m["status"]),
             tenant_id=m.get("tenant_id", ""),
             total=int(m.get("total", 0)),
             done=int(m.get("done", 0)),
@@ -345,9 +378,16 @@ class ExecutionStore:
             context=ctx,
         )
 
-    async def step_states(self, execution_id: str) -> dict[str, str]:
+    async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
+        """Up to ``count`` ready throttled steps, in plan order (they are claimed one by
+        one with :meth:`claim_step` once admission lets them through)."""
+        key = keys.execution_keys(execution_id).ready_throttled
+        raw = await self.redis.zrange(key, 0, count - 1)
+        return [_s(m) for m in raw]
+
+    async def step_states(self, execution_id: str) -> dict[str, StepStatus]:
         raw = await self.redis.hgetall(keys.execution_keys(execution_id).status)
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return {_s(k): StepStatus(_s(v)) for k, v in raw.items()}
 
     async def load_plan(self, execution_id: str) -> Plan:
         raw = await self.redis.get(keys.execution_keys(execution_id).plan)
@@ -377,28 +417,3 @@ class ExecutionStore:
             f = {_s(k): _s(v) for k, v in fields.items()}
             out.append(LedgerEvent(_s(eid), f.get("type", ""), f))
         return out
-
-    async def wait_terminal(self, execution_id: str, timeout_s: float | None = None) -> str:
-        """Block until the execution is finalized (follows the ledger with XREAD BLOCK)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        stream = keys.execution_keys(execution_id).events
-        last = "0-0"
-        while True:
-            info = await self.info(execution_id)
-            if info.terminal:
-                return info.status
-            block_ms = 1000
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"Execution {execution_id} is still {info.status}.")
-                block_ms = max(1, min(block_ms, int(left * 1000)))
-            reply: Any = await self.redis.xread({stream: last}, block=block_ms, count=1000)
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    last = _s(entry_id)
-                    if _s(fields.get(b"type", fields.get("type", b""))) == "execution_finalized":
-                        return await self._terminal_status(execution_id)
-
-    async def _terminal_status(self, execution_id: str) -> str:
-        return _s(await self.redis.hget(keys.execution_keys(execution_id).meta, "terminal"))

@@ -19,6 +19,7 @@ from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.engine.execution_store import ExecutionInfo, ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import Plan
+from airuntime.engine.status import ExecutionStatus, StepStatus
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 
 ProgressCallback = Callable[[ExecutionInfo], None]
@@ -34,7 +35,7 @@ class NoInputAvailable(Exception):
 @dataclass(frozen=True, slots=True)
 class LocalRunResult:
     execution_id: str
-    status: str
+    status: ExecutionStatus
     snapshot: dict[str, Any]
 
 
@@ -61,10 +62,10 @@ async def run_plan(
             info = await store.info(eid)
             if on_progress is not None:
                 on_progress(info)
-            if info.status == "WaitingForInput" and on_input is not None:
+            if info.status is ExecutionStatus.WAITING_FOR_INPUT and on_input is not None:
                 states = await store.step_states(eid)
                 for step, state in states.items():
-                    if state == "input_wait" and step not in answered:
+                    if state is StepStatus.INPUT_WAIT and step not in answered:
                         answered.add(step)
                         try:
                             value = await on_input(eid, step)

@@ -29,10 +29,11 @@ import socket
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
-from airuntime.core.errors import EngineError, StaleClaim
+from airuntime.core.errors import OK, EngineError, NonRetryableError, StaleClaim
 from airuntime.core.tasks import cancel_and_wait
 from airuntime.engine.concurrency import (
     AdmissionPolicy,
@@ -40,17 +41,14 @@ from airuntime.engine.concurrency import (
     ConcurrencyLeases,
     ZeroLimitPolicy,
 )
-from airuntime.engine.execution_store import TERMINAL_STATUSES, Claim, ExecutionStore
+from airuntime.engine.execution_store import Claim, ClaimBatch, ExecutionStore, FailOutcome
 from airuntime.engine.handlers import HandlerRegistry, StepContext, default_registry, invoke
-from airuntime.engine.pipeline import Plan, PlanStep
+from airuntime.engine.pipeline import Plan, PlanStep, ResolvedThrottle
 from airuntime.engine.references import resolve
 from airuntime.engine.retry import retry_delay_s
+from airuntime.engine.status import ExecutionStatus
 
 log = logging.getLogger(__name__)
-
-
-class NonRetryableError(Exception):
-    """Raised by a handler (or the pool) when retrying the step cannot help."""
 
 
 class StepSlots(Protocol):
@@ -103,7 +101,18 @@ class PoolStats:
     recovered: int = 0
 
 
-StepObserver = Callable[[str, str, str, float], None]
+class AttemptOutcome(StrEnum):
+    """How one attempt of a step ended, as far as this pool saw it."""
+
+    COMPLETED = "completed"
+    """The handler returned; the completion is flushed in a batch."""
+    FAILED = "failed"
+    """The handler raised; the failure was reported (retry or not is the script's call)."""
+    CRASHED = "crashed"
+    """The attempt was cancelled without a report; its claim expires and is recovered."""
+
+
+StepObserver = Callable[[str, str, AttemptOutcome, float], None]
 """(execution_id, step_id, outcome, seconds) after each step attempt."""
 
 
@@ -145,7 +154,7 @@ class WorkerPool:
         self.observer = observer
         self.stats = PoolStats()
 
-    async def run(self, execution_id: str, *, workers: int | None = None) -> str:
+    async def run(self, execution_id: str, *, workers: int | None = None) -> ExecutionStatus:
         """Participate in ``execution_id`` until it is finalized; return its terminal status."""
         n = workers if workers is not None else self.settings.workers
         if n < 1:
@@ -183,13 +192,13 @@ class _Participation:
         self.pending: list[tuple[str, str, str, str]] = []
         self.have_completions = asyncio.Event()
         self.wake = asyncio.Event()
-        self.terminal: str | None = None
+        self.terminal: ExecutionStatus | None = None
         self.throttled_ready = 0
         self.throttle_retry_ms = -1
 
     # -- main loop -----------------------------------------------------------------
 
-    async def run(self) -> str:
+    async def run(self) -> ExecutionStatus:
         flusher = asyncio.create_task(self._flusher(), name=f"flush:{self.eid}")
         renewer = asyncio.create_task(self._renewer(), name=f"renew:{self.eid}")
         try:
@@ -209,43 +218,59 @@ class _Participation:
             wait_ms: float | None = None
             if self.free > 0:
                 want = min(self.free, self.settings.claim_batch)
-                self.free -= want
-                try:
-                    batch = await self.store.claim(
-                        self.eid, self.pool.pool_id, want, self.settings.lease_ms
-                    )
-                finally:
-                    self.free += want
-                self.pool.stats.claim_calls += 1
-                self.pool.stats.recovered += batch.recovered
-                self._start(batch.claims)
-                self.throttled_ready = batch.throttled_ready
-                if batch.status in TERMINAL_STATUSES:
-                    self.terminal = batch.status
+                batch, claimed = await self._claim_round(want)
+                if batch.status.terminal:
                     break
-                claimed = len(batch.claims)
-                if self.free > 0 and self.throttled_ready > 0 and batch.status == "Running":
-                    claimed += await self._claim_throttled()
                 if claimed >= want:
                     backoff_ms = 1
                     continue  # the batch was full: more may be ready right now
-                if batch.status != "Running":
-                    wait_ms = self.settings.blocked_poll_ms
-                else:
-                    wait_ms = backoff_ms
-                    backoff_ms = min(backoff_ms * 2, self.settings.idle_poll_max_ms)
-                    if self.running:
-                        # Local completions claim what they make ready and wake this
-                        # loop when slots are left over: poll only for other processes.
-                        wait_ms = max(wait_ms, self.settings.blocked_poll_ms)
-                if batch.wake_ms >= 0:
-                    wait_ms = min(wait_ms, batch.wake_ms + 1)
-                if self.throttle_retry_ms >= 0:
-                    wait_ms = min(wait_ms, self.throttle_retry_ms + 1)
+                wait_ms, backoff_ms = self._idle_wait_ms(batch, backoff_ms)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self.wake.wait(), None if wait_ms is None else wait_ms / 1000
                 )
+
+    async def _claim_round(self, want: int) -> tuple[ClaimBatch, int]:
+        """Claim up to ``want`` plain steps in one round trip, then throttled ones into
+        the slots left; returns the batch and how many steps were claimed."""
+        self.free -= want
+        try:
+            batch = await self.store.claim(
+                self.eid, self.pool.pool_id, want, self.settings.lease_ms
+            )
+        finally:
+            self.free += want
+        self.pool.stats.claim_calls += 1
+        self.pool.stats.recovered += batch.recovered
+        self._start(batch.claims)
+        self.throttled_ready = batch.throttled_ready
+        if batch.status.terminal:
+            self.terminal = batch.status
+            return batch, len(batch.claims)
+        claimed = len(batch.claims)
+        running = batch.status is ExecutionStatus.RUNNING
+        if self.free > 0 and self.throttled_ready > 0 and running:
+            claimed += await self._claim_throttled()
+        return batch, claimed
+
+    def _idle_wait_ms(self, batch: ClaimBatch, backoff_ms: int) -> tuple[float, int]:
+        """How long to sleep after a round that claimed less than it asked for, and the
+        backoff for the next such round."""
+        wait_ms: float
+        if batch.status is not ExecutionStatus.RUNNING:
+            wait_ms = self.settings.blocked_poll_ms
+        else:
+            wait_ms = backoff_ms
+            backoff_ms = min(backoff_ms * 2, self.settings.idle_poll_max_ms)
+            if self.running:
+                # Local completions claim what they make ready and wake this
+                # loop when slots are left over: poll only for other processes.
+                wait_ms = max(wait_ms, self.settings.blocked_poll_ms)
+        if batch.wake_ms >= 0:
+            wait_ms = min(wait_ms, batch.wake_ms + 1)
+        if self.throttle_retry_ms >= 0:
+            wait_ms = min(wait_ms, self.throttle_retry_ms + 1)
+        return wait_ms, backoff_ms
 
     def _start(self, claims: Sequence[Claim]) -> None:
         for claim in claims:
@@ -262,56 +287,59 @@ class _Participation:
     # -- throttled path: policy -> lease -> claim ------------------------------------
 
     async def _claim_throttled(self) -> int:
-        keys_ready = self.store.redis.zrange
-        from airuntime.core.keys import execution_keys
-
-        members = await keys_ready(execution_keys(self.eid).ready_throttled, 0, self.free * 4 - 1)
+        candidates = await self.store.throttled_ready(self.eid, self.free * 4)
         claimed = 0
         self.throttle_retry_ms = -1
-        for raw in members:
+        for step_id in candidates:
             if self.free <= 0:
                 break
-            step_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             step = self.steps.get(step_id)
             if step is None or step.throttle is None or step_id in self.running:
                 continue
-            thr = step.throttle
-            spec = step.concurrency
-            ctx = ConcurrencyContext(
-                pipeline_id=self.plan.pipeline_id,
-                execution_id=self.eid,
-                step_id=step_id,
-                tenant_id=self.tenant_id,
-                provider=spec.provider if spec else None,
-                model=spec.model if spec else None,
-                operation=spec.operation if spec else None,
-                key=spec.key if spec else None,
-                scope=thr.scope,
-                limit=thr.limit,
-            )
-            reason = next((r for p in self.pool.policies if (r := p.deny_reason(ctx))), None)
-            if reason is not None:
+            if self._policy_denies(step, step.throttle):
                 self.pool.stats.policy_denied += 1
                 continue
-            holder = f"{self.pool.pool_id}:{self.eid}:{step_id}:{uuid.uuid4().hex[:8]}"
-            ttl_ms = max(10, int(thr.lease_ttl_s * 1000))
-            lease = await self.pool.leases.acquire(thr.scope, holder, thr.limit, ttl_ms)
-            if not lease.acquired:
-                self.pool.stats.lease_denied += 1
-                if self.throttle_retry_ms < 0 or lease.retry_after_ms < self.throttle_retry_ms:
-                    self.throttle_retry_ms = lease.retry_after_ms
-                continue
-            try:
-                claim = await self.store.claim_step(
-                    self.eid, self.pool.pool_id, step_id, self.settings.lease_ms, holder
-                )
-            except EngineError:
-                self.pool.stats.claim_conflicts += 1
-                await self.pool.leases.release(thr.scope, holder)
-                continue
-            self._spawn(claim, (thr.scope, holder, ttl_ms))
-            claimed += 1
+            if await self._lease_and_claim(step, step.throttle):
+                claimed += 1
         return claimed
+
+    def _policy_denies(self, step: PlanStep, thr: ResolvedThrottle) -> bool:
+        spec = step.concurrency
+        ctx = ConcurrencyContext(
+            pipeline_id=self.plan.pipeline_id,
+            execution_id=self.eid,
+            step_id=step.id,
+            tenant_id=self.tenant_id,
+            provider=spec.provider if spec else None,
+            model=spec.model if spec else None,
+            operation=spec.operation if spec else None,
+            key=spec.key if spec else None,
+            scope=thr.scope,
+            limit=thr.limit,
+        )
+        return any(policy.deny_reason(ctx) for policy in self.pool.policies)
+
+    async def _lease_and_claim(self, step: PlanStep, thr: ResolvedThrottle) -> bool:
+        """Take a concurrency lease of the step's scope, then claim the step with it (a
+        failed claim gives the lease back at once). True if the step now runs."""
+        holder = f"{self.pool.pool_id}:{self.eid}:{step.id}:{uuid.uuid4().hex[:8]}"
+        ttl_ms = max(10, int(thr.lease_ttl_s * 1000))
+        lease = await self.pool.leases.acquire(thr.scope, holder, thr.limit, ttl_ms)
+        if not lease.acquired:
+            self.pool.stats.lease_denied += 1
+            if self.throttle_retry_ms < 0 or lease.retry_after_ms < self.throttle_retry_ms:
+                self.throttle_retry_ms = lease.retry_after_ms
+            return False
+        try:
+            claim = await self.store.claim_step(
+                self.eid, self.pool.pool_id, step.id, self.settings.lease_ms, holder
+            )
+        except EngineError:
+            self.pool.stats.claim_conflicts += 1
+            await self.pool.leases.release(thr.scope, holder)
+            return False
+        self._spawn(claim, (thr.scope, holder, ttl_ms))
+        return True
 
     # -- one step attempt ------------------------------------------------------------
 
@@ -319,7 +347,7 @@ class _Participation:
         claim = r.claim
         loop = asyncio.get_running_loop()
         started = loop.time()
-        outcome = "crashed"
+        outcome = AttemptOutcome.CRASHED
         try:
             step = self.steps[claim.step_id]
             try:
@@ -327,10 +355,10 @@ class _Participation:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a failed attempt
-                outcome = "failed"
+                outcome = AttemptOutcome.FAILED
                 await self._report_failure(step, r, exc)
             else:
-                outcome = "completed"
+                outcome = AttemptOutcome.COMPLETED
                 # The worker slot stays held until the completion is flushed: that
                 # flush claims the next ready steps into it (claim_next).
                 self.pending.append((claim.step_id, claim.token, r.worker, output_json))
@@ -344,7 +372,7 @@ class _Participation:
         finally:
             self.running.pop(claim.step_id, None)
             self.idle_workers.append(int(r.worker.rsplit("/w", 1)[1]))
-            if outcome != "completed":
+            if outcome is not AttemptOutcome.COMPLETED:
                 self.free += 1
             if r.lease is not None:
                 scope, holder, _ = r.lease
@@ -352,7 +380,7 @@ class _Participation:
                     await self.pool.leases.release(scope, holder)
             if self.pool.observer is not None:
                 self.pool.observer(self.eid, claim.step_id, outcome, loop.time() - started)
-            if outcome != "completed":
+            if outcome is not AttemptOutcome.COMPLETED:
                 self.wake.set()
 
     async def _execute(self, step: PlanStep, claim: Claim) -> str:
@@ -418,9 +446,9 @@ class _Participation:
         except EngineError as err:
             log.warning("failure of %s/%s not recorded: %s", self.eid, claim.step_id, err)
             return
-        if result.outcome == "retry":
+        if result.outcome is FailOutcome.RETRY:
             self.pool.stats.retries_scheduled += 1
-        if result.status in TERMINAL_STATUSES:
+        if result.status.terminal:
             self.terminal = result.status
 
     # -- batched completion ------------------------------------------------------------
@@ -429,42 +457,37 @@ class _Participation:
         while True:
             await self.have_completions.wait()
             self.have_completions.clear()
-            if not self.pending:
-                continue
-            items, self.pending = self.pending, []
-            # Each completed step still holds its worker slot; the same round trip
-            # that completes it claims the next ready steps into those slots.
-            slots = len(items)
-            want = 0 if self.terminal else min(slots, self.settings.claim_batch)
-            try:
-                result = await self.store.complete(
-                    self.eid,
-                    self.pool.pool_id,
-                    items,
-                    claim_next=want,
-                    lease_ms=self.settings.lease_ms,
-                )
-            except EngineError as err:
-                self.free += slots
-                log.warning("completion batch for %s rejected: %s", self.eid, err)
-                self.wake.set()
-                continue
-            except BaseException:
-                self.free += slots
-                raise
+            if self.pending:
+                items, self.pending = self.pending, []
+                await self._flush(items)
+
+    async def _flush(self, items: list[tuple[str, str, str, str]]) -> None:
+        # Each completed step still holds its worker slot; the same round trip
+        # that completes it claims the next ready steps into those slots.
+        slots = len(items)
+        want = 0 if self.terminal else min(slots, self.settings.claim_batch)
+        try:
+            result = await self.store.complete(
+                self.eid, self.pool.pool_id, items, claim_next=want, lease_ms=self.settings.lease_ms
+            )
+        except EngineError as err:
+            log.warning("completion batch for %s rejected: %s", self.eid, err)
+            self.wake.set()
+            return
+        finally:
             self.free += slots
-            self.pool.stats.complete_calls += 1
-            for code in result.codes:
-                if code == 1:
-                    self.pool.stats.completed += 1
-                else:
-                    self.pool.stats.stale_rejections += 1
-            self._start(result.claims)
-            self.throttled_ready = result.throttled_ready
-            if result.status in TERMINAL_STATUSES:
-                self.terminal = result.status
-            if len(result.claims) < slots or self.terminal or result.throttled_ready:
-                self.wake.set()  # slots left over, or something else to look at
+        self.pool.stats.complete_calls += 1
+        for code in result.codes:
+            if code == OK:
+                self.pool.stats.completed += 1
+            else:
+                self.pool.stats.stale_rejections += 1
+        self._start(result.claims)
+        self.throttled_ready = result.throttled_ready
+        if result.status.terminal:
+            self.terminal = result.status
+        if len(result.claims) < slots or self.terminal or result.throttled_ready:
+            self.wake.set()  # slots left over, or something else to look at
 
     # -- lease renewal -------------------------------------------------------------------
 
@@ -491,12 +514,3 @@ class _Participation:
                 elif r.lease is not None:
                     scope, holder, ttl = r.lease
                     await self.pool.leases.renew(scope, holder, ttl)
-
-
-@dataclass
-class RunOutcome:
-    """What :func:`run_pipeline` returns."""
-
-    execution_id: str
-    status: str
-    snapshot: dict[str, Any] = field(default_factory=dict)

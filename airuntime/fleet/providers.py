@@ -80,7 +80,7 @@ class RedisProvider:
         self.timeout_s = timeout_s
 
     async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
-        reply_to = f"{keys.PREFIX}:reply:{uuid.uuid4().hex}"
+        reply_to = keys.reply_list(uuid.uuid4().hex)
         await self.redis.xadd(
             keys.instance_inbox(instance.instance_id),
             {"request": request.model_dump_json(), "reply_to": reply_to},

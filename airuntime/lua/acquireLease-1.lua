@@ -13,10 +13,11 @@
     {1, holders}          acquired
     {-7, retryAfterMs}    scope full; the earliest lease expires in retryAfterMs
 ]]
+--- @include "nowMs"
+
 local holdersKey = KEYS[1]
 local holder, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = nowMs()
 redis.call('ZREMRANGEBYSCORE', holdersKey, '-inf', now)
 if redis.call('ZSCORE', holdersKey, holder) then
   redis.call('ZADD', holdersKey, now + ttl, holder)

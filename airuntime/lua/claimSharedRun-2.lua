@@ -18,13 +18,14 @@
     {}                         nothing pending
     {SharedRunId, claimToken, recoveredCount}
 ]]
+--- @include "nowMs"
+--- @include "claimQueueItem"
+
 local pendingKey, claimedKey = KEYS[1], KEYS[2]
 local prefix, claimer, leaseMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local t = redis.call('TIME')
-local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now, nowUs = nowMs()
 local recovered = 0
-local expired = redis.call('ZRANGEBYSCORE', claimedKey, '-inf', nowMs, 'LIMIT', 0, 100)
+local expired = redis.call('ZRANGEBYSCORE', claimedKey, '-inf', now, 'LIMIT', 0, 100)
 for _, srid in ipairs(expired) do
   redis.call('ZREM', claimedKey, srid)
   if redis.call('HGET', prefix .. srid, 'status') == 'Claimed' then
@@ -49,10 +50,5 @@ else
   end
 end
 if not srid then return {} end
-redis.call('ZREM', pendingKey, srid)
-local itemKey = prefix .. srid
-local token = claimer .. '#' .. redis.call('HINCRBY', itemKey, 'claims', 1)
-redis.call('HSET', itemKey, 'status', 'Claimed', 'claim_token', token, 'claimed_by', claimer,
-  'claimed_at_ms', nowMs)
-redis.call('ZADD', claimedKey, nowMs + leaseMs, srid)
+local token = claimQueueItem(pendingKey, claimedKey, prefix .. srid, srid, claimer, leaseMs, now)
 return {srid, token, recovered}

@@ -14,15 +14,12 @@
     {}                          the item is not Pending (claimed by a pump already, or gone)
     {SharedRunId, claimToken, 0}
 ]]
+--- @include "nowMs"
+--- @include "claimQueueItem"
+
 local pendingKey, claimedKey = KEYS[1], KEYS[2]
 local prefix, claimer, leaseMs, srid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local itemKey = prefix .. srid
 if redis.call('HGET', itemKey, 'status') ~= 'Pending' then return {} end
-local t = redis.call('TIME')
-local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREM', pendingKey, srid)
-local token = claimer .. '#' .. redis.call('HINCRBY', itemKey, 'claims', 1)
-redis.call('HSET', itemKey, 'status', 'Claimed', 'claim_token', token, 'claimed_by', claimer,
-  'claimed_at_ms', nowMs)
-redis.call('ZADD', claimedKey, nowMs + leaseMs, srid)
+local token = claimQueueItem(pendingKey, claimedKey, itemKey, srid, claimer, leaseMs, (nowMs()))
 return {srid, token, 0}

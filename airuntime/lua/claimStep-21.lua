@@ -19,38 +19,31 @@
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
---- @include "emit"
---- @include "enqueueReady"
+--- @include "markClaimed"
 --- @include "refreshStatus"
 --- @include "readOutputs"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
 local owner = ARGV[1]
 local step = ARGV[2]
 local now = nowMs()
-local terminal = redis.call('HGET', metaKey, 'terminal')
+local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {-6, terminal} end
-local status = refreshStatus()
+local status = refreshStatus(ek)
 if status ~= 'Running' then return {-5, status} end
-local st = redis.call('HGET', statusKey, step)
+local st = redis.call('HGET', ek.status, step)
 if not st then return {-2} end
 if st ~= 'ready' then return {-4, st} end
-if tonumber(redis.call('HGET', pendingKey, step) or '0') > 0 then return {-8} end
+if tonumber(redis.call('HGET', ek.pending, step) or '0') > 0 then return {-8} end
 
-redis.call('ZREM', readyThrottledKey, step)
-redis.call('ZREM', readyKey, step)
-local seq = redis.call('HINCRBY', metaKey, 'claim_seq', 1)
+redis.call('ZREM', ek.readyThrottled, step)
+redis.call('ZREM', ek.ready, step)
+local seq = redis.call('HINCRBY', ek.meta, 'claim_seq', 1)
 local token = owner .. '#' .. seq
-local attempt = redis.call('HGET', attemptKey, step) or '1'
-redis.call('HSET', statusKey, step, 'running')
-redis.call('HSET', tokenKey, step, token)
-redis.call('HSET', ownerKey, step, owner)
-redis.call('HSET', timesKey, 'c:' .. step, now)
-redis.call('ZADD', runningKey, now + tonumber(ARGV[3]), step)
-redis.call('HINCRBY', metaKey, 'running', 1)
-redis.call('HSETNX', metaKey, 'started_at', now)
-emit('type', 'step_claimed', 'step', step, 'attempt', attempt, 'worker', owner, 'token', token,
-  'lease', ARGV[4])
+local attempt = markClaimed(ek, step, owner, token, now, now + tonumber(ARGV[3]), ARGV[4])
+redis.call('HINCRBY', ek.meta, 'running', 1)
+redis.call('HSETNX', ek.meta, 'started_at', now)
 local result = {1, token, attempt}
-readOutputs(step, result)
+readOutputs(ek, step, result)
 return result

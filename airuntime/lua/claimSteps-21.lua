@@ -26,34 +26,32 @@
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
---- @include "emit"
---- @include "enqueueReady"
---- @include "refreshStatus"
 --- @include "moveDue"
 --- @include "nextWake"
---- @include "readOutputs"
+--- @include "refreshStatus"
 --- @include "claimReady"
 --- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
 local owner = ARGV[1]
 local want = tonumber(ARGV[2])
 local leaseMs = tonumber(ARGV[3])
 local now = nowMs()
 
-local terminal = redis.call('HGET', metaKey, 'terminal')
+local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {terminal, -1, 0, 0, 0} end
 
-local _, recovered = moveDue(now, tonumber(ARGV[4]))
-local status = refreshStatus()
+local _, recovered = moveDue(ek, now, tonumber(ARGV[4]))
+local status = refreshStatus(ek)
 if status ~= 'Running' then
-  local final = finalizeIfDone(now)
+  local final = finalizeIfDone(ek, now)
   if final then return {final, -1, 0, 0, recovered} end
-  return {status, nextWake(now), 0, 0, recovered}
+  return {status, nextWake(ek, now), 0, 0, recovered}
 end
 
-local result = {status, 0, 0, redis.call('ZCARD', readyThrottledKey), recovered}
-local claimed = claimReady(owner, want, leaseMs, now, result)
+local result = {status, 0, 0, redis.call('ZCARD', ek.readyThrottled), recovered}
+local claimed = claimReady(ek, owner, want, leaseMs, now, result)
 result[3] = claimed
-if claimed == 0 then result[2] = nextWake(now) end
+if claimed == 0 then result[2] = nextWake(ek, now) end
 return result

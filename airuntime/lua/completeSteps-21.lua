@@ -25,14 +25,13 @@
 --- @include "execKeys"
 --- @include "nowMs"
 --- @include "emit"
---- @include "enqueueReady"
 --- @include "releaseChildren"
 --- @include "refreshStatus"
---- @include "finalize"
---- @include "readOutputs"
 --- @include "claimReady"
+--- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
 local owner = ARGV[1]
 local now = nowMs()
 local result = {'', 0, 0}
@@ -40,38 +39,38 @@ local accepted = 0
 local readied = 0
 for i = 4, #ARGV, 4 do
   local step, token, worker, output = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local st = redis.call('HGET', statusKey, step)
+  local st = redis.call('HGET', ek.status, step)
   local code
   if not st then
     code = -2
-  elseif redis.call('HGET', tokenKey, step) ~= token then
+  elseif redis.call('HGET', ek.token, step) ~= token then
     code = -3
   elseif st ~= 'running' then
     code = -4
   else
     code = 1
     accepted = accepted + 1
-    redis.call('HSET', statusKey, step, 'completed')
-    redis.call('HSET', outKey, step, output)
-    redis.call('HSET', ownerKey, step, worker)
-    redis.call('HSET', timesKey, 'f:' .. step, now)
-    redis.call('ZREM', runningKey, step)
-    emit('type', 'step_completed', 'step', step, 'worker', worker, 'token', token,
-      'attempt', redis.call('HGET', attemptKey, step) or '1')
-    readied = readied + releaseChildren(step)
+    redis.call('HSET', ek.status, step, 'completed')
+    redis.call('HSET', ek.out, step, output)
+    redis.call('HSET', ek.owner, step, worker)
+    redis.call('HSET', ek.times, 'f:' .. step, now)
+    redis.call('ZREM', ek.running, step)
+    emit(ek, 'type', 'step_completed', 'step', step, 'worker', worker, 'token', token,
+      'attempt', redis.call('HGET', ek.attempt, step) or '1')
+    readied = readied + releaseChildren(ek, step)
   end
   if code ~= 1 then
-    emit('type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
+    emit(ek, 'type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
   end
   result[#result + 1] = code
 end
 if accepted > 0 then
-  redis.call('HINCRBY', metaKey, 'completed', accepted)
-  redis.call('HINCRBY', metaKey, 'done', accepted)
-  redis.call('HINCRBY', metaKey, 'running', -accepted)
+  redis.call('HINCRBY', ek.meta, 'completed', accepted)
+  redis.call('HINCRBY', ek.meta, 'done', accepted)
+  redis.call('HINCRBY', ek.meta, 'running', -accepted)
 end
-local status = refreshStatus()
-local final = finalizeIfDone(now)
+local status = refreshStatus(ek)
+local final = finalizeIfDone(ek, now)
 result[1] = final or status
 result[2] = readied
 result[3] = #result - 3
@@ -79,7 +78,7 @@ local throttledAt = #result + 1
 result[throttledAt] = 0
 result[throttledAt + 1] = 0
 if not final and status == 'Running' then
-  result[throttledAt] = redis.call('ZCARD', readyThrottledKey)
-  result[throttledAt + 1] = claimReady(owner, tonumber(ARGV[2]), tonumber(ARGV[3]), now, result)
+  result[throttledAt] = redis.call('ZCARD', ek.readyThrottled)
+  result[throttledAt + 1] = claimReady(ek, owner, tonumber(ARGV[2]), tonumber(ARGV[3]), now, result)
 end
 return result

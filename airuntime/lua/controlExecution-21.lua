@@ -20,32 +20,33 @@
 --- @include "refreshStatus"
 --- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
-local terminal = redis.call('HGET', metaKey, 'terminal')
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
+local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {-6, terminal} end
 local action, actor = ARGV[1], ARGV[2]
-local control = redis.call('HGET', metaKey, 'control')
+local control = redis.call('HGET', ek.meta, 'control')
 local now = nowMs()
 if action == 'cancel' then
   if control ~= 'cancel' then
-    redis.call('HSET', metaKey, 'control', 'cancel', 'cancel_requested_at', now)
-    emit('type', 'cancel_requested', 'actor', actor)
+    redis.call('HSET', ek.meta, 'control', 'cancel', 'cancel_requested_at', now)
+    emit(ek, 'type', 'cancel_requested', 'actor', actor)
   end
 elseif action == 'pause' then
-  if control == 'cancel' then return {-4, refreshStatus()} end
+  if control == 'cancel' then return {-4, refreshStatus(ek)} end
   if control ~= 'pause' then
-    redis.call('HSET', metaKey, 'control', 'pause')
-    emit('type', 'execution_paused', 'actor', actor)
+    redis.call('HSET', ek.meta, 'control', 'pause')
+    emit(ek, 'type', 'execution_paused', 'actor', actor)
   end
 elseif action == 'resume' then
-  if control == 'cancel' then return {-4, refreshStatus()} end
+  if control == 'cancel' then return {-4, refreshStatus(ek)} end
   if control == 'pause' then
-    redis.call('HDEL', metaKey, 'control')
-    emit('type', 'execution_resumed', 'actor', actor)
+    redis.call('HDEL', ek.meta, 'control')
+    emit(ek, 'type', 'execution_resumed', 'actor', actor)
   end
 else
   return redis.error_reply('unknown control action ' .. tostring(action))
 end
-local status = refreshStatus()
-local final = finalizeIfDone(now)
+local status = refreshStatus(ek)
+local final = finalizeIfDone(ek, now)
 return {1, final or status}

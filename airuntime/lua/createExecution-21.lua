@@ -30,43 +30,43 @@
 --- @include "emit"
 --- @include "enqueueReady"
 --- @include "refreshStatus"
---- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 1 then
-  if redis.call('HGET', metaKey, 'plan_digest') == ARGV[3] then
-    return {0, redis.call('HGET', metaKey, 'status')}
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 1 then
+  if redis.call('HGET', ek.meta, 'plan_digest') == ARGV[3] then
+    return {0, redis.call('HGET', ek.meta, 'status')}
   end
   return {-9}
 end
 
 local now = nowMs()
 local n = tonumber(ARGV[10])
-redis.call('HSET', metaKey,
+redis.call('HSET', ek.meta,
   'execution_id', ARGV[1], 'plan_digest', ARGV[3], 'pipeline_id', ARGV[4],
   'failure_policy', ARGV[5], 'retention_s', ARGV[6], 'tenant_id', ARGV[7],
   'context', ARGV[8], 'inputs', ARGV[9], 'total', n, 'done', 0, 'completed', 0,
   'failed', 0, 'skipped', 0, 'cancelled', 0, 'running', 0, 'waiting_input', 0,
   'claim_seq', 0, 'created_at', now, 'status', 'Running')
-redis.call('SET', planKey, ARGV[2])
+redis.call('SET', ek.plan, ARGV[2])
 
 local roots = {}
 for i = 0, n - 1 do
   local base = 11 + 7 * i
   local step = ARGV[base]
-  redis.call('HSET', statusKey, step, 'pending')
-  redis.call('HSET', orderKey, step, ARGV[base + 1])
+  redis.call('HSET', ek.status, step, 'pending')
+  redis.call('HSET', ek.order, step, ARGV[base + 1])
   local ndeps = tonumber(ARGV[base + 2])
   if ndeps > 0 then
-    redis.call('HSET', pendingKey, step, ndeps)
+    redis.call('HSET', ek.pending, step, ndeps)
   else
     roots[#roots + 1] = step
   end
-  if ARGV[base + 3] ~= '' then redis.call('HSET', childrenKey, step, ARGV[base + 3]) end
-  if ARGV[base + 4] ~= '' then redis.call('HSET', refsKey, step, ARGV[base + 4]) end
-  if ARGV[base + 5] ~= '' then redis.call('HSET', kindKey, step, ARGV[base + 5]) end
-  if tonumber(ARGV[base + 6]) > 1 then redis.call('HSET', maxAttemptsKey, step, ARGV[base + 6]) end
+  if ARGV[base + 3] ~= '' then redis.call('HSET', ek.children, step, ARGV[base + 3]) end
+  if ARGV[base + 4] ~= '' then redis.call('HSET', ek.refs, step, ARGV[base + 4]) end
+  if ARGV[base + 5] ~= '' then redis.call('HSET', ek.kind, step, ARGV[base + 5]) end
+  if tonumber(ARGV[base + 6]) > 1 then redis.call('HSET', ek.maxAttempts, step, ARGV[base + 6]) end
 end
-emit('type', 'execution_created', 'pipeline', ARGV[4], 'steps', n, 'tenant', ARGV[7])
-for _, step in ipairs(roots) do enqueueReady(step) end
-local status = refreshStatus()
+emit(ek, 'type', 'execution_created', 'pipeline', ARGV[4], 'steps', n, 'tenant', ARGV[7])
+for _, step in ipairs(roots) do enqueueReady(ek, step) end
+local status = refreshStatus(ek)
 return {1, status}

@@ -23,53 +23,53 @@
 --- @include "execKeys"
 --- @include "nowMs"
 --- @include "emit"
---- @include "enqueueReady"
 --- @include "skipDescendants"
 --- @include "refreshStatus"
 --- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
 local worker, step, token = ARGV[1], ARGV[2], ARGV[3]
-local st = redis.call('HGET', statusKey, step)
+local st = redis.call('HGET', ek.status, step)
 if not st then return {-2} end
-if redis.call('HGET', tokenKey, step) ~= token then
-  emit('type', 'failure_rejected', 'step', step, 'worker', worker, 'token', token, 'code', -3)
+if redis.call('HGET', ek.token, step) ~= token then
+  emit(ek, 'type', 'failure_rejected', 'step', step, 'worker', worker, 'token', token, 'code', -3)
   return {-3}
 end
 if st ~= 'running' then return {-4} end
 
 local now = nowMs()
-local attempt = tonumber(redis.call('HGET', attemptKey, step) or '1')
-local maxAttempts = tonumber(redis.call('HGET', maxAttemptsKey, step) or '1')
-redis.call('ZREM', runningKey, step)
-redis.call('HINCRBY', metaKey, 'running', -1)
-redis.call('HSET', errKey, step, ARGV[4])
-redis.call('HSET', ownerKey, step, worker)
-redis.call('HSET', timesKey, 'f:' .. step, now)
+local attempt = tonumber(redis.call('HGET', ek.attempt, step) or '1')
+local maxAttempts = tonumber(redis.call('HGET', ek.maxAttempts, step) or '1')
+redis.call('ZREM', ek.running, step)
+redis.call('HINCRBY', ek.meta, 'running', -1)
+redis.call('HSET', ek.err, step, ARGV[4])
+redis.call('HSET', ek.owner, step, worker)
+redis.call('HSET', ek.times, 'f:' .. step, now)
 
 local outcome, nextAt = 'failed', 0
 if ARGV[5] == '1' and attempt < maxAttempts then
   outcome = 'retry'
   nextAt = now + tonumber(ARGV[6])
   attempt = attempt + 1
-  redis.call('HSET', attemptKey, step, attempt)
-  redis.call('HSET', statusKey, step, 'retry_wait')
-  redis.call('HSET', timesKey, 'r:' .. step, nextAt)
-  redis.call('ZADD', delayedKey, nextAt, step)
-  emit('type', 'step_retry_scheduled', 'step', step, 'worker', worker, 'token', token,
+  redis.call('HSET', ek.attempt, step, attempt)
+  redis.call('HSET', ek.status, step, 'retry_wait')
+  redis.call('HSET', ek.times, 'r:' .. step, nextAt)
+  redis.call('ZADD', ek.delayed, nextAt, step)
+  emit(ek, 'type', 'step_retry_scheduled', 'step', step, 'worker', worker, 'token', token,
     'next_attempt', attempt, 'next_retry_at', nextAt, 'error', ARGV[4])
 else
-  redis.call('HSET', statusKey, step, 'failed')
-  redis.call('HINCRBY', metaKey, 'failed', 1)
-  redis.call('HINCRBY', metaKey, 'done', 1)
-  emit('type', 'step_failed', 'step', step, 'worker', worker, 'token', token,
+  redis.call('HSET', ek.status, step, 'failed')
+  redis.call('HINCRBY', ek.meta, 'failed', 1)
+  redis.call('HINCRBY', ek.meta, 'done', 1)
+  emit(ek, 'type', 'step_failed', 'step', step, 'worker', worker, 'token', token,
     'attempt', attempt, 'error', ARGV[4])
-  if redis.call('HGET', metaKey, 'failure_policy') == 'continue' then
-    skipDescendants(step)
+  if redis.call('HGET', ek.meta, 'failure_policy') == 'continue' then
+    skipDescendants(ek, step)
   else
-    redis.call('HSET', metaKey, 'failing', 1)
+    redis.call('HSET', ek.meta, 'failing', 1)
   end
 end
-local status = refreshStatus()
-local final = finalizeIfDone(now)
+local status = refreshStatus(ek)
+local final = finalizeIfDone(ek, now)
 return {final or status, outcome, attempt, nextAt}

@@ -13,12 +13,12 @@
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
---- @include "emit"
 --- @include "refreshStatus"
 --- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
-local status = refreshStatus()
-local final = finalizeIfDone(nowMs())
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
+local status = refreshStatus(ek)
+local final = finalizeIfDone(ek, (nowMs()))
 if final then return {1, final} end
 return {0, status}

@@ -18,29 +18,29 @@
 --- @include "execKeys"
 --- @include "nowMs"
 --- @include "emit"
---- @include "enqueueReady"
 --- @include "releaseChildren"
 --- @include "refreshStatus"
 --- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
-local terminal = redis.call('HGET', metaKey, 'terminal')
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
+local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {-6, terminal} end
-if redis.call('HGET', metaKey, 'control') == 'cancel' then return {-5, 'Cancelling'} end
+if redis.call('HGET', ek.meta, 'control') == 'cancel' then return {-5, 'Cancelling'} end
 local step = ARGV[1]
-local st = redis.call('HGET', statusKey, step)
+local st = redis.call('HGET', ek.status, step)
 if not st then return {-2} end
 if st ~= 'input_wait' then return {-4, st} end
 local now = nowMs()
-redis.call('HSET', statusKey, step, 'completed')
-redis.call('HSET', outKey, step, ARGV[2])
-redis.call('HSET', ownerKey, step, ARGV[3])
-redis.call('HSET', timesKey, 'f:' .. step, now)
-redis.call('HINCRBY', metaKey, 'waiting_input', -1)
-redis.call('HINCRBY', metaKey, 'completed', 1)
-redis.call('HINCRBY', metaKey, 'done', 1)
-emit('type', 'input_provided', 'step', step, 'actor', ARGV[3])
-releaseChildren(step)
-local status = refreshStatus()
-local final = finalizeIfDone(now)
+redis.call('HSET', ek.status, step, 'completed')
+redis.call('HSET', ek.out, step, ARGV[2])
+redis.call('HSET', ek.owner, step, ARGV[3])
+redis.call('HSET', ek.times, 'f:' .. step, now)
+redis.call('HINCRBY', ek.meta, 'waiting_input', -1)
+redis.call('HINCRBY', ek.meta, 'completed', 1)
+redis.call('HINCRBY', ek.meta, 'done', 1)
+emit(ek, 'type', 'input_provided', 'step', step, 'actor', ARGV[3])
+releaseChildren(ek, step)
+local status = refreshStatus(ek)
+local final = finalizeIfDone(ek, now)
 return {1, final or status}

@@ -13,18 +13,17 @@
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
---- @include "emit"
---- @include "enqueueReady"
 --- @include "moveDue"
 --- @include "nextWake"
 --- @include "refreshStatus"
 --- @include "finalize"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
-local terminal = redis.call('HGET', metaKey, 'terminal')
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
+local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {terminal, 0, 0, -1} end
 local now = nowMs()
-local promoted, recovered = moveDue(now, tonumber(ARGV[1]))
-local status = refreshStatus()
-local final = finalizeIfDone(now)
-return {final or status, promoted, recovered, nextWake(now)}
+local promoted, recovered = moveDue(ek, now, tonumber(ARGV[1]))
+local status = refreshStatus(ek)
+local final = finalizeIfDone(ek, now)
+return {final or status, promoted, recovered, nextWake(ek, now)}

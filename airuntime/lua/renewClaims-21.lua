@@ -14,13 +14,14 @@
 --- @include "execKeys"
 --- @include "nowMs"
 
-if redis.call('EXISTS', metaKey) == 0 then return {-1} end
+local ek = execKeys(KEYS)
+if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
 local expiry = nowMs() + tonumber(ARGV[1])
-local result = {redis.call('HGET', metaKey, 'status')}
+local result = {redis.call('HGET', ek.meta, 'status')}
 for i = 2, #ARGV, 2 do
   local step, token = ARGV[i], ARGV[i + 1]
-  if redis.call('HGET', statusKey, step) == 'running' and redis.call('HGET', tokenKey, step) == token then
-    redis.call('ZADD', runningKey, 'XX', expiry, step)
+  if redis.call('HGET', ek.status, step) == 'running' and redis.call('HGET', ek.token, step) == token then
+    redis.call('ZADD', ek.running, 'XX', expiry, step)
     result[#result + 1] = 1
   else
     result[#result + 1] = 0

@@ -9,9 +9,10 @@
   Output:
     1 renewed, 0 not held any more (expired and dropped: the holder lost it)
 ]]
+--- @include "nowMs"
+
 local holdersKey = KEYS[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = nowMs()
 local score = redis.call('ZSCORE', holdersKey, ARGV[1])
 if not score or tonumber(score) <= now then
   redis.call('ZREM', holdersKey, ARGV[1])

@@ -17,9 +17,10 @@
     {1, reservedNow}   reserved
     {-7, reservedNow}  no free slot left
 ]]
+--- @include "nowMs"
+
 local key = KEYS[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = nowMs()
 local cutoff = math.max(tonumber(ARGV[3]) - tonumber(ARGV[5]), now - tonumber(ARGV[4]))
 redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
 local count = redis.call('ZCARD', key)

@@ -17,6 +17,8 @@
   Output:
     1 settled   -3 stale claim token   -2 no such item
 ]]
+--- @include "nowMs"
+
 local pendingKey, claimedKey = KEYS[1], KEYS[2]
 local itemKey = ARGV[1] .. ARGV[2]
 local status = redis.call('HGET', itemKey, 'status')
@@ -24,14 +26,13 @@ if not status then return -2 end
 if status ~= 'Claimed' or redis.call('HGET', itemKey, 'claim_token') ~= ARGV[3] then return -3 end
 redis.call('ZREM', claimedKey, ARGV[2])
 local outcome = ARGV[4]
-local t = redis.call('TIME')
-local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, nowUs = nowMs()
 if outcome == 'Pending' then
   -- back in its original place (FIFO by first enqueue)
-  local score = redis.call('HGET', itemKey, 'score') or (tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  local score = redis.call('HGET', itemKey, 'score') or nowUs
   redis.call('ZADD', pendingKey, score, ARGV[2])
   redis.call('HINCRBY', itemKey, 'failed_dispatches', 1)
 end
-redis.call('HSET', itemKey, 'status', outcome, 'settled_at_ms', nowMs, 'detail', ARGV[5])
+redis.call('HSET', itemKey, 'status', outcome, 'settled_at_ms', now, 'detail', ARGV[5])
 redis.call('HDEL', itemKey, 'claim_token', 'claimed_by')
 return 1

@@ -21,7 +21,7 @@ from airuntime.control_plane.shared_queue import (
     SharedQueue,
 )
 from airuntime.control_plane.shared_runs import SHARED_RUN_TRANSITIONS, SharedRunStatus
-from airuntime.core.scripts import LUA_DIR
+from airuntime.core.scripts import LUA_DIR, load_script
 
 QUEUE_SCRIPTS = sorted(LUA_DIR.glob("*SharedRun*.lua"))
 WRITES = re.compile(r"'status',\s*'(\w+)'")
@@ -53,7 +53,7 @@ def test_every_status_literal_of_the_queue_scripts_is_a_queue_item_status() -> N
     members = {s.value for s in QueueItemStatus}
     written: set[str] = set()
     for path in QUEUE_SCRIPTS:
-        code = _code(path.read_text())
+        code = _code(load_script(path).source)  # with its includes expanded
         literals = set(WRITES.findall(code))
         literals |= {a or b for a, b in COMPARES.findall(code)}
         assert literals <= members, f"{path.name}: {sorted(literals - members)}"

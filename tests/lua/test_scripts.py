@@ -71,3 +71,64 @@ async def test_a_flushed_script_cache_is_reloaded_transparently(redis: Redis) ->
     assert await lib.call(redis, "releaseLease", ["air:{l:x}:holders"], ["h"]) == 0
     await redis.script_flush()
     assert await lib.call(redis, "releaseLease", ["air:{l:x}:holders"], ["h"]) == 0
+
+
+# -- self-contained includes ---------------------------------------------------------------
+
+INCLUDES = sorted((LUA_DIR / "includes").glob("*.lua"))
+_INCLUDE_LINE = re.compile(r'^---\s*@include\s+"(\w+)"\s*$', re.M)
+_TOP_LEVEL_LOCAL = re.compile(r"^local\s+(?:function\s+)?(\w+)", re.M)
+
+
+def _code(text: str) -> str:
+    """Lua source without string literals and comments."""
+    text = re.sub(r"--\[\[.*?\]\]", "", text, flags=re.S)
+    text = re.sub(r"'[^'\n]*'", "''", text)
+    return re.sub(r"--[^\n]*", "", text)
+
+
+def _declared(path: Path) -> set[str]:
+    """The includes ``path`` pulls in, directly and through their own includes."""
+    seen: set[str] = set()
+    todo = _INCLUDE_LINE.findall(path.read_text())
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += _INCLUDE_LINE.findall((LUA_DIR / "includes" / f"{name}.lua").read_text())
+    return seen
+
+
+def _defined_by_includes() -> dict[str, str]:
+    """Top-level local name -> the include that defines it."""
+    return {
+        name: path.stem
+        for path in INCLUDES
+        for name in _TOP_LEVEL_LOCAL.findall(_code(path.read_text()))
+    }
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in INCLUDES + SCRIPTS])
+def test_each_file_declares_the_includes_whose_names_it_uses(path: Path) -> None:
+    code = _code(path.read_text())
+    own = set(_TOP_LEVEL_LOCAL.findall(code))
+    available = _declared(path) | ({path.stem} if path.parent.name == "includes" else set())
+    used = set(re.findall(r"(?<![\w.])([A-Za-z_]\w*)", code))
+    for name, owner in _defined_by_includes().items():
+        if name in used and name not in own:
+            assert owner in available, f"{path.name} uses {name} of {owner}.lua undeclared"
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in INCLUDES])
+def test_includes_read_no_keys_or_arguments_of_their_own(path: Path) -> None:
+    code = _code(path.read_text())
+    assert not re.search(r"\b(KEYS|ARGV)\b", code), f"{path.name} must take keys as parameters"
+    assert set(_TOP_LEVEL_LOCAL.findall(code)) <= set(
+        re.findall(r"^local\s+function\s+(\w+)", code, re.M)
+    ), f"{path.name} defines file-scope locals other than functions"
+
+
+def test_scripts_that_read_time_use_the_now_ms_include() -> None:
+    for path in SCRIPTS + INCLUDES:
+        if path.stem != "nowMs":
+            assert "'TIME'" not in path.read_text(), f"{path.name} reads TIME itself"

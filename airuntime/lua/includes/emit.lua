@@ -1,4 +1,4 @@
--- Append one entry to the execution's ledger stream.
-local function emit(...)
-  redis.call('XADD', eventsKey, '*', ...)
+-- Append one entry to the execution's ledger stream (`ek`: see execKeys).
+local function emit(ek, ...)
+  redis.call('XADD', ek.events, '*', ...)
 end

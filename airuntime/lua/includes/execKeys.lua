@@ -1,22 +1,30 @@
--- Local names for the 21 per-execution keys (order: airuntime.keys.EXECUTION_KEY_SUFFIXES).
-local metaKey = KEYS[1]
-local planKey = KEYS[2]
-local statusKey = KEYS[3]
-local pendingKey = KEYS[4]
-local childrenKey = KEYS[5]
-local orderKey = KEYS[6]
-local kindKey = KEYS[7]
-local readyKey = KEYS[8]
-local readyThrottledKey = KEYS[9]
-local delayedKey = KEYS[10]
-local runningKey = KEYS[11]
-local attemptKey = KEYS[12]
-local tokenKey = KEYS[13]
-local ownerKey = KEYS[14]
-local outKey = KEYS[15]
-local errKey = KEYS[16]
-local timesKey = KEYS[17]
-local refsKey = KEYS[18]
-local maxAttemptsKey = KEYS[19]
-local eventsKey = KEYS[20]
-local snapshotKey = KEYS[21]
+-- The 21 keys of one execution as one table, built once per script call
+-- (`local ek = execKeys(KEYS)`; order: airuntime.core.keys.EXECUTION_KEY_SUFFIXES).
+-- Every include that reads or writes execution state takes this table as its first
+-- argument; `all` is the key array itself (finalization sets the retention TTL on each).
+local function execKeys(keys)
+  return {
+    all = keys,
+    meta = keys[1],
+    plan = keys[2],
+    status = keys[3],
+    pending = keys[4],
+    children = keys[5],
+    order = keys[6],
+    kind = keys[7],
+    ready = keys[8],
+    readyThrottled = keys[9],
+    delayed = keys[10],
+    running = keys[11],
+    attempt = keys[12],
+    token = keys[13],
+    owner = keys[14],
+    out = keys[15],
+    err = keys[16],
+    times = keys[17],
+    refs = keys[18],
+    maxAttempts = keys[19],
+    events = keys[20],
+    snapshot = keys[21],
+  }
+end

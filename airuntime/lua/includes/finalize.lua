@@ -1,28 +1,29 @@
+--- @include "emit"
 -- Idempotent finalization. Decides whether the execution is terminal and, the
 -- first time it is, settles every unfinished step, writes the terminal snapshot,
 -- appends `execution_finalized` and applies the retention TTL. Cancellation wins:
 -- a cancel requested before finalization ends Cancelled even if every step completed.
--- Returns the terminal status, or false when the execution is not terminal yet.
+-- finalizeIfDone returns the terminal status, or false when the execution is not
+-- terminal yet.
 local function jsonString(s)
   return cjson.encode(s)
 end
 
-local function buildSnapshot(final, now)
-  local meta = redis.call('HGETALL', metaKey)
-  local m = {}
-  for i = 1, #meta, 2 do m[meta[i]] = meta[i + 1] end
-  local function hashToTable(key)
-    local flat = redis.call('HGETALL', key)
-    local t = {}
-    for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
-    return t
-  end
-  local statuses = redis.call('HGETALL', statusKey)
-  local attempts = hashToTable(attemptKey)
-  local outs = hashToTable(outKey)
-  local errs = hashToTable(errKey)
-  local owners = hashToTable(ownerKey)
-  local times = hashToTable(timesKey)
+local function hashToTable(key)
+  local flat = redis.call('HGETALL', key)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+local function buildSnapshot(ek, final, now)
+  local m = hashToTable(ek.meta)
+  local statuses = redis.call('HGETALL', ek.status)
+  local attempts = hashToTable(ek.attempt)
+  local outs = hashToTable(ek.out)
+  local errs = hashToTable(ek.err)
+  local owners = hashToTable(ek.owner)
+  local times = hashToTable(ek.times)
   local parts = {}
   for i = 1, #statuses, 2 do
     local step = statuses[i]
@@ -53,46 +54,56 @@ local function buildSnapshot(final, now)
     '},"steps":{', table.concat(parts, ','), '}}'})
 end
 
-local function finalizeIfDone(now)
-  local m = redis.call('HMGET', metaKey, 'terminal', 'control', 'failing', 'running', 'done', 'total',
+-- The terminal status the counters and control fields call for, or false.
+local function terminalStatus(control, failing, running, done, total, failed)
+  if control == 'cancel' then
+    if running <= 0 then return 'Cancelled' end
+  elseif failing == '1' then
+    if running <= 0 then return 'Failed' end
+  elseif done >= total then
+    if failed > 0 then return 'Failed' end
+    return 'Succeeded'
+  end
+  return false
+end
+
+-- Every step not finished yet becomes `leftover` (skipped, or cancelled).
+local function settleUnfinished(ek, leftover)
+  local all = redis.call('HGETALL', ek.status)
+  local n = 0
+  for i = 1, #all, 2 do
+    local st = all[i + 1]
+    if st == 'pending' or st == 'ready' or st == 'retry_wait' or st == 'input_wait' or st == 'running' then
+      redis.call('HSET', ek.status, all[i], leftover)
+      n = n + 1
+    end
+  end
+  redis.call('HINCRBY', ek.meta, leftover, n)
+  redis.call('HINCRBY', ek.meta, 'done', n)
+end
+
+local function finalizeIfDone(ek, now)
+  local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'done', 'total',
     'failed', 'retention_s')
   if m[1] and m[1] ~= '' then return m[1] end
-  local running = tonumber(m[4] or '0')
   local done = tonumber(m[5] or '0')
   local total = tonumber(m[6] or '0')
-  local failed = tonumber(m[7] or '0')
-  local final = false
-  if m[2] == 'cancel' then
-    if running <= 0 then final = 'Cancelled' end
-  elseif m[3] == '1' then
-    if running <= 0 then final = 'Failed' end
-  elseif done >= total then
-    if failed > 0 then final = 'Failed' else final = 'Succeeded' end
-  end
+  local final = terminalStatus(m[2], m[3], tonumber(m[4] or '0'), done, total,
+    tonumber(m[7] or '0'))
   if not final then return false end
   if done < total then
     local leftover = 'skipped'
     if final == 'Cancelled' then leftover = 'cancelled' end
-    local all = redis.call('HGETALL', statusKey)
-    local n = 0
-    for i = 1, #all, 2 do
-      local st = all[i + 1]
-      if st == 'pending' or st == 'ready' or st == 'retry_wait' or st == 'input_wait' or st == 'running' then
-        redis.call('HSET', statusKey, all[i], leftover)
-        n = n + 1
-      end
-    end
-    redis.call('HINCRBY', metaKey, leftover, n)
-    redis.call('HINCRBY', metaKey, 'done', n)
+    settleUnfinished(ek, leftover)
   end
-  redis.call('DEL', readyKey, readyThrottledKey, delayedKey, runningKey)
-  redis.call('HSET', metaKey, 'terminal', final, 'status', final, 'finished_at', now, 'running', 0,
+  redis.call('DEL', ek.ready, ek.readyThrottled, ek.delayed, ek.running)
+  redis.call('HSET', ek.meta, 'terminal', final, 'status', final, 'finished_at', now, 'running', 0,
     'waiting_input', 0)
-  redis.call('SET', snapshotKey, buildSnapshot(final, now))
-  emit('type', 'execution_finalized', 'status', final)
+  redis.call('SET', ek.snapshot, buildSnapshot(ek, final, now))
+  emit(ek, 'type', 'execution_finalized', 'status', final)
   local ttl = tonumber(m[8] or '0')
   if ttl and ttl > 0 then
-    for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+    for i = 1, #ek.all do redis.call('EXPIRE', ek.all[i], ttl) end
   end
   return final
 end

@@ -1,5 +1,7 @@
--- Server time in milliseconds (never a client clock).
+-- Server time (never a client clock) in milliseconds and, as a second result from
+-- the same TIME call, in microseconds (for scores finer than a millisecond).
 local function nowMs()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
 end

@@ -1,7 +1,7 @@
 -- Append, for each step the given step's inputs reference, its id and output JSON
 -- (HMGET in chunks so a fan-in over many thousands of steps stays under Lua's stack limit).
-local function readOutputs(step, result)
-  local refs = redis.call('HGET', refsKey, step)
+local function readOutputs(ek, step, result)
+  local refs = redis.call('HGET', ek.refs, step)
   if not refs then
     result[#result + 1] = 0
     return
@@ -13,7 +13,7 @@ local function readOutputs(step, result)
   while i <= #names do
     local chunk = {}
     for j = i, math.min(i + 999, #names) do chunk[#chunk + 1] = names[j] end
-    local outs = redis.call('HMGET', outKey, unpack(chunk))
+    local outs = redis.call('HMGET', ek.out, unpack(chunk))
     for k, ref in ipairs(chunk) do
       result[#result + 1] = ref
       result[#result + 1] = outs[k] or 'null'

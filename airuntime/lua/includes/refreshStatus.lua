@@ -1,7 +1,7 @@
 -- Derive the execution status from its control fields and counters and store it.
 -- Only 'Running' allows new claims.
-local function refreshStatus()
-  local m = redis.call('HMGET', metaKey, 'terminal', 'control', 'failing', 'running', 'waiting_input')
+local function refreshStatus(ek)
+  local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'waiting_input')
   local status
   if m[1] and m[1] ~= '' then
     status = m[1]
@@ -16,6 +16,6 @@ local function refreshStatus()
   else
     status = 'Running'
   end
-  redis.call('HSET', metaKey, 'status', status)
+  redis.call('HSET', ek.meta, 'status', status)
   return status
 end

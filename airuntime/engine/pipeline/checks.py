@@ -1,0 +1,213 @@
+"""The static checks of a pipeline spec, one small function per rule.
+
+Each check appends the :class:`~airuntime.engine.pipeline.problems.Problem`\\ s it finds to
+one shared list, so a user sees every mistake at once, and returns what later checks
+and the compiler need (indexes of declared steps, normalised inputs, dependencies).
+Steps are referred to by their declaration index. Two checks raise at once instead:
+too many steps or edges make everything after them too expensive to check.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Any
+
+from airuntime.engine.pipeline.graph import find_cycle, topological_order
+from airuntime.engine.pipeline.problems import PipelineError, Problem, fmt_value, format_loc
+from airuntime.engine.pipeline.spec import INPUT_HANDLER, PipelineLimits, StepSpec
+from airuntime.engine.pipeline.values import BadValue, normalize_json
+from airuntime.engine.references import ReferenceSyntaxError, iter_strings, parse_references
+
+
+@dataclass
+class SizeBudget:
+    """JSON-encoded bytes the run inputs and all steps' ``with`` may still use together
+    (``max_pipeline_bytes``); ``left`` is -1 once that is exceeded: measuring stops."""
+
+    left: int
+
+
+def check_step_count(steps: Sequence[StepSpec], limits: PipelineLimits) -> None:
+    if len(steps) > limits.max_steps:
+        raise PipelineError(
+            [Problem("steps", f"{len(steps)} steps is over the limit of {limits.max_steps}")]
+        )
+
+
+def check_ids(steps: Sequence[StepSpec], problems: list[Problem]) -> dict[str, int]:
+    """Step id -> index of its first declaration; later duplicates are problems."""
+    first: dict[str, int] = {}
+    for i, s in enumerate(steps):
+        if s.id in first:
+            where = f"steps[{first[s.id]}] and steps[{i}]"
+            problems.append(Problem("steps", f"duplicate step id {s.id!r} ({where})"))
+        else:
+            first[s.id] = i
+    return first
+
+
+def check_run_inputs(
+    inputs: dict[str, Any], budget: SizeBudget, problems: list[Problem]
+) -> dict[str, Any]:
+    """The pipeline's ``inputs``, normalised ({} if they are invalid)."""
+    try:
+        run_inputs, used = normalize_json(inputs, budget.left)
+    except BadValue as bad:
+        message = bad.message
+        if bad.too_big:
+            message = f"{bad.message} JSON-encoded is over the limit of {budget.left} bytes"
+        problems.append(Problem(format_loc(("inputs", *bad.loc)), message))
+        budget.left = -1
+        return {}
+    budget.left -= used
+    return dict(run_inputs)
+
+
+def check_handler(i: int, step: StepSpec, known: Set[str], problems: list[Problem]) -> None:
+    if step.uses in known:
+        return
+    names = sorted(known)
+    hint = difflib.get_close_matches(step.uses, names, n=1)
+    problems.append(
+        Problem(
+            f"steps[{i}].uses",
+            f"unknown handler {step.uses!r} (known: {', '.join(names) or 'none'})"
+            + (f"; did you mean {hint[0]!r}?" if hint else ""),
+        )
+    )
+
+
+def check_dependencies(
+    i: int, step: StepSpec, first: Mapping[str, int], problems: list[Problem]
+) -> set[int]:
+    """The declared steps ``depends_on`` names (unknown ones and the step itself are problems)."""
+    explicit: set[int] = set()
+    for dep in step.depends_on:
+        if dep == step.id:
+            problems.append(
+                Problem(f"steps[{i}].depends_on", f"step {step.id!r} depends on itself")
+            )
+        elif dep not in first:
+            problems.append(Problem(f"steps[{i}].depends_on", f"unknown step {dep!r}"))
+        else:
+            explicit.add(first[dep])
+    return explicit
+
+
+def check_step_inputs(
+    i: int, step: StepSpec, budget: SizeBudget, limits: PipelineLimits, problems: list[Problem]
+) -> tuple[Any, bool]:
+    """The step's ``with``, normalised, and whether it could be checked (it cannot once
+    the pipeline is over its size budget, or when it is invalid)."""
+    if budget.left < 0:
+        return None, False
+    cap = min(limits.max_input_bytes, budget.left)
+    try:
+        value, used = normalize_json(step.with_, cap)
+    except BadValue as bad:
+        where = f"steps[{i}]"
+        if not bad.too_big:
+            problems.append(Problem(format_loc(("steps", i, "with", *bad.loc)), bad.message))
+        elif cap == limits.max_input_bytes:
+            problems.append(
+                Problem(
+                    f"{where}.with",
+                    f"{bad.message} JSON-encoded is over the limit of "
+                    f"{limits.max_input_bytes} bytes",
+                )
+            )
+        else:  # the pipeline as a whole is too big: stop measuring
+            problems.append(
+                Problem(
+                    "steps",
+                    f"JSON-encoded step inputs are over the pipeline limit of "
+                    f"{limits.max_pipeline_bytes} bytes (reached at {where}.with)",
+                )
+            )
+            budget.left = -1
+        return None, False
+    budget.left -= used
+    return value, True
+
+
+def check_references(
+    i: int, step: StepSpec, value: Any, first: Mapping[str, int], problems: list[Problem]
+) -> set[int]:
+    """The declared steps whose outputs the ``${steps.<id>.output}`` references in
+    ``value`` (the step's normalised ``with``) read."""
+    referenced: set[int] = set()
+    for sub, text in iter_strings(value):
+        if "${" not in text:
+            continue
+        at = format_loc(("steps", i, "with", *sub))
+        try:
+            found = parse_references(text)
+        except ReferenceSyntaxError as exc:
+            problems.append(Problem(at, f"{exc.detail} in {exc.reference!r}"))
+            continue
+        for ref in found:
+            if ref.source != "steps":
+                continue
+            if ref.name == step.id:
+                problems.append(
+                    Problem(at, f"step {step.id!r} references its own output in {ref.text!r}")
+                )
+            elif ref.name not in first:
+                problems.append(
+                    Problem(at, f"reference to unknown step {ref.name!r} in {ref.text!r}")
+                )
+            else:
+                referenced.add(first[ref.name])
+    return referenced
+
+
+def check_input_step(i: int, step: StepSpec, problems: list[Problem]) -> None:
+    """``input`` steps never run on a worker: no retries, no concurrency spec."""
+    if step.uses != INPUT_HANDLER:
+        return
+    if step.retry is not None and step.retry.max_attempts > 1:
+        problems.append(
+            Problem(
+                f"steps[{i}].retry.max_attempts",
+                f"'input' steps cannot be retried (value={step.retry.max_attempts})",
+            )
+        )
+    if step.concurrency is not None:
+        problems.append(
+            Problem(
+                f"steps[{i}].concurrency",
+                "not allowed on 'input' steps, they never run on a worker "
+                f"(value={fmt_value(step.concurrency.model_dump(exclude_none=True))})",
+            )
+        )
+
+
+def check_edge_count(edges: int, limits: PipelineLimits, problems: list[Problem]) -> None:
+    if edges > limits.max_edges:
+        problems.append(
+            Problem("steps", f"{edges} dependencies is over the limit of {limits.max_edges}")
+        )
+        raise PipelineError(problems)
+
+
+def check_cycles(
+    steps: Sequence[StepSpec],
+    first: Mapping[str, int],
+    deps: Sequence[Sequence[int]],
+    problems: list[Problem],
+) -> list[int]:
+    """The declared steps in topological order; a cycle is a problem naming its steps."""
+    nodes = sorted(first.values())
+    topo = topological_order(nodes, deps)
+    if len(topo) < len(nodes):
+        done = [False] * len(steps)
+        for i in topo:
+            done[i] = True
+        cycle = [steps[i].id for i in find_cycle(nodes, deps, done)]
+        if len(cycle) > 20:
+            cycle = [*cycle[:10], f"... {len(cycle) - 20} more ...", *cycle[-10:]]
+        path = " -> ".join([*cycle, cycle[0]])
+        problems.append(Problem("steps", f"dependency cycle {path} (x -> y: x depends on y)"))
+    return topo
