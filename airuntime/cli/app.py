@@ -364,9 +364,11 @@ def _register_broken_plugin(name: str, error: Exception) -> None:
 
 def main() -> None:
     from airuntime.cli import control as cli_control
+    from airuntime.cli import crds as cli_crds
     from airuntime.cli import examples as cli_examples
 
     cli_control.register(app)
+    cli_crds.register(app)
     cli_examples.register(app)
     _load_plugins()
     app()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from enum import StrEnum
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -21,15 +20,9 @@ from redis.exceptions import WatchError
 from airuntime.core import keys
 from airuntime.core.errors import AirError
 from airuntime.fleet.tenancy import TenantSettings
+from airuntime.k8s.v1alpha1 import ScaleOutPhase as ScaleOutPhase  # the contract's, re-exported
 
 log = logging.getLogger(__name__)
-
-
-class ScaleOutPhase(StrEnum):
-    PENDING = "Pending"
-    OBSERVED = "Observed"
-    FULFILLED = "Fulfilled"
-    REJECTED = "Rejected"
 
 
 class ScaleOutRequest(BaseModel):
