@@ -35,6 +35,8 @@ from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 __all__ = [
     "API_GROUP",
     "API_VERSION",
+    "LABEL_PREFIX",
+    "LABEL_TENANT",
     "OPERATOR_MANAGED_ENV",
     "RUNTIME_POOL",
     "SCALE_OUT_REQUEST",
@@ -56,6 +58,11 @@ __all__ = [
 
 API_GROUP: Final = "airuntime.io"
 API_VERSION: Final = "v1alpha1"
+LABEL_TENANT: Final = "airuntime.io/tenant"
+"""Label naming the tenant of an object made for one (runtime pods and their objects,
+ScaleOutRequests)."""
+LABEL_PREFIX: Final = "airuntime.io/prefix"
+"""Label naming the runtime prefix an object belongs to (as ``LABEL_TENANT``)."""
 
 _DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

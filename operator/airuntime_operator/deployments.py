@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from airuntime.fleet.tenancy import TenantSettings
-from airuntime.k8s.v1alpha1 import OPERATOR_MANAGED_ENV, RUNTIME_POOL, RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import (
+    LABEL_PREFIX,
+    LABEL_TENANT,
+    OPERATOR_MANAGED_ENV,
+    RUNTIME_POOL,
+    RuntimePoolSpec,
+)
 
 __all__ = [
     "COMPONENT",
@@ -55,8 +61,6 @@ __all__ = [
 MANAGED_BY: Final = "airuntime-operator"
 COMPONENT: Final = "runtime"
 APP_NAME: Final = "airuntime-runtime"
-LABEL_TENANT: Final = "airuntime.io/tenant"
-LABEL_PREFIX: Final = "airuntime.io/prefix"
 LABEL_POOL: Final = "airuntime.io/pool"
 TEMPLATE_HASH_ANNOTATION: Final = "airuntime.io/pod-template-hash"
 CONTAINER_NAME: Final = "runtime"

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import kopf
 
+from airuntime.k8s.client import ApiError, Kind
 from airuntime.k8s.v1alpha1 import (
     API_GROUP,
     API_VERSION,
@@ -37,7 +38,7 @@ from airuntime.k8s.v1alpha1 import (
 )
 from airuntime_operator import deployments, pools, scaleout
 from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import ApiError, Kind
+from airuntime_operator.kopf_bridge import api_failure, connection_info
 from airuntime_operator.settings import OperatorSettings
 
 __all__ = ["FINALIZER", "build_registry", "configure_kopf"]
@@ -48,7 +49,7 @@ _CLUSTER_PEERING: Final = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopf
 _NAMESPACED_PEERING: Final = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 _BACKOFF: Final = 5.0
 """Seconds before kopf retries a handler that failed unexpectedly (e.g. Redis down);
-API failures choose their own delay (:func:`airuntime_operator.pools.retry_delay`)."""
+API failures choose their own delay (:func:`airuntime_operator.kopf_bridge.retry_delay`)."""
 _MANAGED: Final = {"app.kubernetes.io/managed-by": deployments.MANAGED_BY}
 
 _POOLS: Final = (API_GROUP, API_VERSION, RUNTIME_POOL.plural)
@@ -113,7 +114,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return ctx.kube.connection_info()
+        return connection_info(ctx.kube)
 
     # -- indexes ----------------------------------------------------------------------------
 
@@ -177,7 +178,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         try:
             await pools.delete_pool(ctx, body=body)
         except ApiError as exc:
-            raise pools.api_failure(exc, retry) from None
+            raise api_failure(exc, retry) from None
 
     # -- ScaleOutRequest --------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ and every registry entry with its prefix.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -24,53 +23,37 @@ import kopf
 from pydantic import ValidationError
 
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
-from airuntime.k8s.v1alpha1 import RUNTIME_POOL, RuntimePoolSpec
-from airuntime_operator import deployments
-from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import (
+from airuntime.k8s.client import (
     CONFIG_MAP,
     DEPLOYMENT,
     POD,
+    RUNTIME_POOL_KIND,
     SERVICE,
     SERVICE_ACCOUNT,
     ApiError,
     Kind,
 )
+from airuntime.k8s.v1alpha1 import RuntimePoolSpec
+from airuntime_operator import deployments
+from airuntime_operator.context import OperatorContext
+from airuntime_operator.kopf_bridge import api_failure
 from airuntime_operator.status import with_condition
 
 __all__ = [
     "DELETION_COST_ANNOTATION",
-    "POOL_KIND",
     "DeploymentState",
-    "api_failure",
     "delete_pool",
     "parse_spec",
     "reconcile_pool",
     "refresh_status",
-    "retry_delay",
     "scale_in",
 ]
 
-POOL_KIND: Final = Kind(RUNTIME_POOL.api_version, RUNTIME_POOL.kind, RUNTIME_POOL.plural)
 DELETION_COST_ANNOTATION: Final = "controller.kubernetes.io/pod-deletion-cost"
 _IDLE_POD_DELETION_COST: Final = "-1000"
 
 DeploymentState = Mapping[str, Any]
 """What the operator's Deployment index keeps of a pool's Deployment."""
-
-
-def retry_delay(retry: int) -> float:
-    """Exponential backoff with jitter for kopf retries: 0.5 s, 1 s, 2 s ... up to 30 s."""
-    base: float = min(30.0, 0.5 * 2 ** min(retry, 6))
-    return base * random.uniform(0.5, 1.0)
-
-
-def api_failure(exc: ApiError, retry: int) -> kopf.TemporaryError | kopf.PermanentError:
-    """The kopf outcome of a failed API request: permanent when the request is wrong,
-    otherwise a retry with backoff (conflicts, throttling, outages)."""
-    if exc.permanent:
-        return kopf.PermanentError(str(exc))
-    return kopf.TemporaryError(str(exc), delay=retry_delay(retry))
 
 
 def parse_spec(spec: Mapping[str, Any]) -> RuntimePoolSpec:
@@ -228,7 +211,7 @@ async def scale_in(
     target = spec.effective_replicas - len(victims)
     try:
         await ctx.kube.merge_patch(
-            POOL_KIND, namespace, str(body.metadata.name),
+            RUNTIME_POOL_KIND, namespace, str(body.metadata.name),
             {
                 "metadata": {"resourceVersion": body.metadata.get("resourceVersion")},
                 "spec": {"replicas": target},

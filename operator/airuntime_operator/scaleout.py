@@ -28,24 +28,21 @@ import kopf
 from pydantic import ValidationError
 
 from airuntime.fleet.registry import InstanceStatus
-from airuntime.k8s.v1alpha1 import SCALE_OUT_REQUEST, ScaleOutPhase
+from airuntime.k8s.client import RUNTIME_POOL_KIND, SCALE_OUT_REQUEST_KIND, ApiError
+from airuntime.k8s.v1alpha1 import ScaleOutPhase
 from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import ApiError, Kind
-from airuntime_operator.pools import POOL_KIND, api_failure, parse_spec
+from airuntime_operator.kopf_bridge import api_failure
+from airuntime_operator.pools import parse_spec
 from airuntime_operator.status import format_time, now, parse_time
 
 __all__ = [
     "APPLIED_ANNOTATION",
-    "REQUEST_KIND",
     "TERMINAL_PHASES",
     "collect",
     "fulfil",
     "observe",
 ]
 
-REQUEST_KIND: Final = Kind(
-    SCALE_OUT_REQUEST.api_version, SCALE_OUT_REQUEST.kind, SCALE_OUT_REQUEST.plural
-)
 APPLIED_ANNOTATION: Final = "airuntime.io/applied-scale-outs"
 """On a RuntimePool: JSON list of the uids of the last scale-out requests applied to it."""
 _APPLIED_KEPT: Final = 32
@@ -142,7 +139,7 @@ async def observe(
         new_applied = [*applied, uid][-_APPLIED_KEPT:]
         try:
             await ctx.kube.merge_patch(
-                POOL_KIND, namespace, str(pool_name),
+                RUNTIME_POOL_KIND, namespace, str(pool_name),
                 {
                     "metadata": {
                         "resourceVersion": pool["metadata"]["resourceVersion"],
@@ -231,7 +228,7 @@ async def collect(ctx: OperatorContext, *, body: kopf.Body, logger: kopf.Logger)
     if now() - finished < timedelta(seconds=ctx.settings.retention_seconds):
         return False
     meta = body.metadata
-    deleted = await ctx.kube.delete(REQUEST_KIND, str(meta.namespace), str(meta.name))
+    deleted = await ctx.kube.delete(SCALE_OUT_REQUEST_KIND, str(meta.namespace), str(meta.name))
     for instance_id, uid in list(ctx.claimed_instances.items()):
         if uid == meta.uid:
             del ctx.claimed_instances[instance_id]
@@ -247,7 +244,7 @@ async def _find_pools(
     ctx: OperatorContext, namespace: str, tenant_id: str, prefix: str, retry: int
 ) -> list[str]:
     try:
-        pools = await ctx.kube.list(POOL_KIND, namespace)
+        pools = await ctx.kube.list(RUNTIME_POOL_KIND, namespace)
     except ApiError as exc:
         raise api_failure(exc, retry) from None
     return sorted(
@@ -262,7 +259,7 @@ async def _get_pool(
     ctx: OperatorContext, namespace: str, name: str, retry: int
 ) -> dict[str, Any] | None:
     try:
-        return await ctx.kube.get(POOL_KIND, namespace, name)
+        return await ctx.kube.get(RUNTIME_POOL_KIND, namespace, name)
     except ApiError as exc:
         raise api_failure(exc, retry) from None
 
@@ -272,7 +269,7 @@ async def _patch_status(
 ) -> None:
     try:
         await ctx.kube.merge_patch(
-            REQUEST_KIND, namespace, name, {"status": dict(status)}, subresource="status"
+            SCALE_OUT_REQUEST_KIND, namespace, name, {"status": dict(status)}, subresource="status"
         )
     except ApiError as exc:
         raise api_failure(exc, retry) from None

@@ -46,6 +46,16 @@ def test_import_direction(folder: str, forbidden: tuple[str, ...]) -> None:
     assert not offenders
 
 
+def test_only_the_shared_client_imports_the_kubernetes_client() -> None:
+    importers = sorted(
+        str(path.relative_to(REPO_ROOT))
+        for folder in ("airuntime", "operator")
+        for path in (REPO_ROOT / folder).rglob("*.py")
+        if any(name.split(".")[0] == "kubernetes" for name in _imported_modules(path))
+    )
+    assert importers == ["airuntime/k8s/client.py"]
+
+
 def test_settings_from_env() -> None:
     settings = OperatorSettings.from_env(
         {
