@@ -36,6 +36,7 @@ from airuntime.k8s.v1alpha1 import (
     RUNTIME_POOL,
     SCALE_OUT_REQUEST,
     CrdNames,
+    RuntimePoolConditionType,
     RuntimePoolSpec,
     RuntimePoolStatus,
     ScaleOutRequestSpec,
@@ -203,6 +204,11 @@ def _column(name: str, json_path: str, type_: str = "string", **extra: Any) -> d
     return {"name": name, "type": type_, "jsonPath": json_path, **extra}
 
 
+def _condition_path(type_: str, field: str) -> str:
+    """JSONPath of one field of the condition of type ``type_``."""
+    return f'.status.conditions[?(@.type=="{type_}")].{field}'
+
+
 def runtime_pool_crd() -> dict[str, Any]:
     """The RuntimePool CRD, with the status and scale subresources."""
     return _crd(
@@ -225,6 +231,7 @@ def runtime_pool_crd() -> dict[str, Any]:
             _column("Ready", ".status.readyReplicas", "integer"),
             _column("Desired", ".status.desiredReplicas", "integer"),
             _column("Visible", ".status.visibleInstances", "integer"),
+            _column("Status", _condition_path(RuntimePoolConditionType.READY, "reason")),
             _column("Age", ".metadata.creationTimestamp", "date"),
         ],
     )

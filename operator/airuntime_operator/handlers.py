@@ -127,15 +127,9 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.index(*_DEPLOYMENTS, id="pool_deployments", labels=_MANAGED, registry=registry)
     def pool_deployments(
-        namespace: str | None, name: str | None, meta: kopf.Meta, status: kopf.Status, **_: Any
+        namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], dict[str, Any]]:
-        return {
-            (str(namespace), str(name)): {
-                "readyReplicas": status.get("readyReplicas", 0),
-                "replicas": status.get("replicas", 0),
-                "templateHash": meta.annotations.get(deployments.TEMPLATE_HASH_ANNOTATION),
-            }
-        }
+        return {(str(namespace), str(name)): pools.deployment_state(body)}
 
     @kopf.index(
         *_REQUESTS,

@@ -33,17 +33,21 @@ from airuntime.k8s.client import (
     ApiError,
     Kind,
 )
-from airuntime.k8s.v1alpha1 import RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import EventReason, RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import RuntimePoolConditionReason as Reason
+from airuntime.k8s.v1alpha1 import RuntimePoolConditionType as ConditionType
 from airuntime_operator import deployments
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kopf_bridge import api_failure
-from airuntime_operator.status import with_condition
+from airuntime_operator.status import find_condition, is_true, with_condition
 
 __all__ = [
     "DELETION_COST_ANNOTATION",
     "DeploymentState",
     "delete_pool",
+    "deployment_state",
     "parse_spec",
+    "readiness",
     "reconcile_pool",
     "refresh_status",
     "scale_in",
@@ -69,70 +73,158 @@ async def reconcile_pool(
     retry: int,
 ) -> None:
     """Apply the pool's children and publish its tenant settings; report in the status."""
-    meta, status = body.metadata, body.status
+    meta = body.metadata
     generation = meta.get("generation")
-    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+    conditions: list[dict[str, Any]] = list(body.status.get("conditions") or [])
     try:
         spec = parse_spec(body.spec)
     except ValidationError as exc:
         message = f"Invalid spec: {_validation_text(exc)}"
-        patch.status["conditions"] = with_condition(
-            conditions, type_="Reconciled", status=False, reason="InvalidSpec",
-            message=message, generation=generation,
-        )  # fmt: skip
-        kopf.warn(body, reason="InvalidSpec", message=message)
+        _report_failure(body, patch, conditions, Reason.INVALID_SPEC, message, generation)
         raise kopf.PermanentError(message) from None
-
     ref = deployments.PoolRef(str(meta.name), str(meta.namespace), str(meta.uid))
-    image = spec.image or ctx.settings.runtime_image
-    objects = deployments.children(ref, spec, image=image, extra_labels=ctx.settings.extra_labels)
-    new_hash = objects[-1]["metadata"]["annotations"][deployments.TEMPLATE_HASH_ANNOTATION]
     try:
-        for obj in objects:
-            await ctx.kube.apply(obj)
+        applied = await _apply_children(ctx, ref, spec)
     except ApiError as exc:
         message = f"Applying the pool's objects failed: {exc.api_message or exc}"
-        patch.status["conditions"] = with_condition(
-            conditions, type_="Reconciled", status=False, reason="ApplyFailed",
-            message=message, generation=generation,
-        )  # fmt: skip
-        kopf.warn(body, reason="ApplyFailed", message=message)
+        _report_failure(body, patch, conditions, Reason.APPLY_FAILED, message, generation)
         raise api_failure(exc, retry) from None
+    await ctx.registry.put_tenant(spec.tenant_settings())
 
-    settings = spec.tenant_settings()
-    await ctx.registry.put_tenant(settings)
+    patch.status.update(
+        {
+            "desiredReplicas": spec.effective_replicas,
+            "readyReplicas": int((previous or {}).get("readyReplicas") or 0),
+            "visibleInstances": len(await ctx.view.by_prefix(spec.runtime_prefix)),
+            "observedGeneration": generation,
+            "selector": deployments.selector_string(spec),
+            "deploymentName": spec.runtime_prefix,
+            "conditions": _reconciled(conditions, spec, deployment_state(applied), generation),
+        }
+    )
+    kopf.info(
+        body,
+        reason=EventReason.RECONCILED,
+        message=f"{_rollout_summary(spec, previous, deployment_state(applied))}; tenant "
+        f"settings of {spec.tenant_id} published "
+        f"(maxConcurrentStepTasks={spec.max_concurrent_step_tasks}).",
+    )
 
-    replicas = spec.effective_replicas
+
+async def _apply_children(
+    ctx: OperatorContext, ref: deployments.PoolRef, spec: RuntimePoolSpec
+) -> dict[str, Any]:
+    """Server-side apply of every object of the pool; returns the applied Deployment."""
+    image = spec.image or ctx.settings.runtime_image
+    applied: dict[str, Any] = {}
+    for obj in deployments.children(ref, spec, image=image, extra_labels=ctx.settings.extra_labels):
+        applied = await ctx.kube.apply(obj)  # the Deployment comes last
+    return applied
+
+
+def _report_failure(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    conditions: Sequence[Mapping[str, Any]],
+    reason: Reason,
+    message: str,
+    generation: int | None,
+) -> None:
+    """Reconciled and Ready turn False with ``reason``; a warning event says why."""
     conditions = with_condition(
-        conditions, type_="Reconciled", status=True, reason="Applied",
+        conditions, type_=ConditionType.RECONCILED, status=False, reason=reason,
+        message=message, generation=generation,
+    )  # fmt: skip
+    prefix = str(body.spec.get("runtimePrefix", ""))
+    patch.status["conditions"] = _with_readiness(conditions, 0, None, prefix, generation)
+    kopf.warn(body, reason=EventReason(reason), message=message)  # same name as the reason
+
+
+def _reconciled(
+    conditions: Sequence[Mapping[str, Any]],
+    spec: RuntimePoolSpec,
+    deployment: DeploymentState,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """The conditions of a pool whose objects are applied and tenant settings published."""
+    replicas = spec.effective_replicas
+    updated = with_condition(
+        conditions, type_=ConditionType.RECONCILED, status=True, reason=Reason.APPLIED,
         message=f"Deployment {spec.runtime_prefix} has {replicas} desired replicas.",
         generation=generation,
     )  # fmt: skip
-    conditions = with_condition(
-        conditions, type_="TenantSettingsPublished", status=True, reason="Published",
-        message=f"Tenant settings of {spec.tenant_id} are in Redis.", generation=generation,
+    updated = with_condition(
+        updated, type_=ConditionType.TENANT_SETTINGS_PUBLISHED, status=True,
+        reason=Reason.PUBLISHED, message=f"Tenant settings of {spec.tenant_id} are in Redis.",
+        generation=generation,
     )  # fmt: skip
-    patch.status["desiredReplicas"] = replicas
-    patch.status["readyReplicas"] = int((previous or {}).get("readyReplicas") or 0)
-    patch.status["visibleInstances"] = len(await ctx.view.by_prefix(spec.runtime_prefix))
-    patch.status["observedGeneration"] = generation
-    patch.status["selector"] = deployments.selector_string(spec)
-    patch.status["deploymentName"] = spec.runtime_prefix
-    patch.status["conditions"] = conditions
+    return _with_readiness(updated, replicas, deployment, spec.runtime_prefix, generation)
 
-    old_hash = (previous or {}).get("templateHash")
+
+def _rollout_summary(
+    spec: RuntimePoolSpec, previous: DeploymentState | None, applied: DeploymentState
+) -> str:
+    """What applying the spec did to the Deployment, for the Reconciled event."""
+    name, replicas = spec.runtime_prefix, spec.effective_replicas
     if previous is None:
-        what = f"created Deployment {spec.runtime_prefix} with {replicas} replicas"
-    elif old_hash != new_hash:
-        what = f"rolling out a new pod template on Deployment {spec.runtime_prefix}"
-    else:
-        what = f"Deployment {spec.runtime_prefix} unchanged apart from replicas={replicas}"
-    kopf.info(
-        body,
-        reason="Reconciled",
-        message=f"{what}; tenant settings of {spec.tenant_id} published "
-        f"(maxConcurrentStepTasks={spec.max_concurrent_step_tasks}).",
+        return f"created Deployment {name} with {replicas} replicas"
+    if previous.get("templateHash") != applied.get("templateHash"):
+        return f"rolling out a new pod template on Deployment {name}"
+    return f"Deployment {name} unchanged apart from replicas={replicas}"
+
+
+def deployment_state(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator keeps of a pool's Deployment (its index, the status, Ready)."""
+    status = deployment.get("status") or {}
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    return {
+        "readyReplicas": status.get("readyReplicas", 0),
+        "availableReplicas": status.get("availableReplicas", 0),
+        "replicas": status.get("replicas", 0),
+        "templateHash": annotations.get(deployments.TEMPLATE_HASH_ANNOTATION),
+    }
+
+
+def readiness(
+    conditions: Sequence[Mapping[str, Any]],
+    *,
+    desired: int,
+    deployment: DeploymentState | None,
+    name: str,
+) -> tuple[bool, str, str]:
+    """The pool's Ready condition (status, reason, message): True when it is reconciled,
+    its tenant settings are published and Deployment ``name`` has ``desired`` replicas
+    available; otherwise False with the first thing missing."""
+    reconciled = find_condition(conditions, ConditionType.RECONCILED)
+    if not is_true(reconciled):
+        if reconciled is None:
+            return False, Reason.NOT_RECONCILED, "The operator has not reconciled the pool yet."
+        return False, str(reconciled["reason"]), f"Not reconciled: {reconciled.get('message')}"
+    if not is_true(find_condition(conditions, ConditionType.TENANT_SETTINGS_PUBLISHED)):
+        return False, Reason.TENANT_SETTINGS_NOT_PUBLISHED, "The tenant settings are not in Redis."
+    if deployment is None:
+        return False, Reason.DEPLOYMENT_NOT_FOUND, f"Deployment {name} does not exist."
+    available = int(deployment.get("availableReplicas") or 0)
+    counts = f"{available}/{desired} replicas of Deployment {name} are available"
+    if available < desired:
+        return False, Reason.REPLICAS_UNAVAILABLE, f"{counts}."
+    return True, Reason.REPLICAS_AVAILABLE, f"{counts}; the tenant settings are published."
+
+
+def _with_readiness(
+    conditions: Sequence[Mapping[str, Any]],
+    desired: int,
+    deployment: DeploymentState | None,
+    name: str,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    ready, reason, message = readiness(
+        conditions, desired=desired, deployment=deployment, name=name
     )
+    return with_condition(
+        conditions, type_=ConditionType.READY, status=ready, reason=reason, message=message,
+        generation=generation,
+    )  # fmt: skip
 
 
 async def refresh_status(
@@ -143,7 +235,8 @@ async def refresh_status(
     deployment: DeploymentState | None,
 ) -> list[InstanceDescriptor]:
     """Copy the Deployment's ready replicas and the registry's instance count into the
-    status, when they changed. Returns the pool's registry instances."""
+    status, and re-evaluate Ready, when they changed. Returns the pool's registry
+    instances."""
     prefix = str(body.spec.get("runtimePrefix", ""))
     instances = await ctx.view.by_prefix(prefix)
     ready = int((deployment or {}).get("readyReplicas") or 0)
@@ -152,7 +245,23 @@ async def refresh_status(
         patch.status["readyReplicas"] = ready
     if status.get("visibleInstances") != len(instances):
         patch.status["visibleInstances"] = len(instances)
+    conditions = list(status.get("conditions") or [])
+    desired = int(status.get("desiredReplicas") or 0)
+    updated = _with_readiness(
+        conditions, desired, deployment, prefix, status.get("observedGeneration")
+    )
+    if _differs(
+        find_condition(conditions, ConditionType.READY),
+        find_condition(updated, ConditionType.READY),
+    ):
+        patch.status["conditions"] = updated
     return instances
+
+
+def _differs(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
+    """Whether a condition changed in more than its transition time."""
+    keys = ("status", "reason", "message", "observedGeneration")
+    return before is None or after is None or any(before.get(k) != after.get(k) for k in keys)
 
 
 async def scale_in(
@@ -225,7 +334,7 @@ async def scale_in(
         idle_since.pop(instance_id, None)
     kopf.info(
         body,
-        reason="ScaledIn",
+        reason=EventReason.SCALED_IN,
         message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
         f"{', '.join(victims)} idle for at least {delay}s.",
     )
@@ -262,7 +371,7 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
         await ctx.registry.unregister(descriptor.instance_id)
     kopf.info(
         body,
-        reason="Deleted",
+        reason=EventReason.DELETED,
         message=f"Removed {', '.join(removed) or 'no objects'}; "
         f"tenant settings {'removed' if dropped_tenant else 'kept'}; "
         f"{len(instances)} registry entries of prefix {prefix} removed.",

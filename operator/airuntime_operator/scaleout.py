@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from airuntime.fleet.registry import InstanceStatus
 from airuntime.k8s.client import RUNTIME_POOL_KIND, SCALE_OUT_REQUEST_KIND, ApiError
-from airuntime.k8s.v1alpha1 import ScaleOutPhase
+from airuntime.k8s.v1alpha1 import EventReason, ScaleOutPhase
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kopf_bridge import api_failure
 from airuntime_operator.pools import parse_spec
@@ -55,7 +55,7 @@ def _reject(body: kopf.Body, patch: kopf.Patch, reason: str, **extra: Any) -> No
         {"phase": ScaleOutPhase.REJECTED.value, "reason": reason,
          "rejectedAt": format_time(now()), **extra}
     )  # fmt: skip
-    kopf.warn(body, reason="Rejected", message=reason)
+    kopf.warn(body, reason=EventReason.REJECTED, message=reason)
 
 
 async def observe(
@@ -166,7 +166,7 @@ async def observe(
     )
     kopf.info(
         body,
-        reason="Observed",
+        reason=EventReason.OBSERVED,
         message=f"Scaled RuntimePool {pool_name} from {previous} to {target} replicas for "
         f"shared run {spec.get('sharedRunId')}; waiting for a new ready instance of {prefix}.",
     )
@@ -203,7 +203,7 @@ async def fulfil(
         )
         kopf.info(
             body,
-            reason="Fulfilled",
+            reason=EventReason.FULFILLED,
             message=f"Runtime instance {descriptor.instance_id} of {prefix} can accept "
             f"shared run {spec.get('sharedRunId')}.",
         )

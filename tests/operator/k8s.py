@@ -127,6 +127,23 @@ class Cluster:
             raise
         return _json(found)
 
+    def pool_columns(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pool's printer columns as the API server renders them (``kubectl get rp``)."""
+        path = (
+            f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/{RUNTIME_POOL.plural}/{name}"
+        )
+        method, url, headers, body, _ = self.api.param_serialize(
+            method="GET", resource_path=path, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        )  # fmt: skip
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        table = json.loads(response.read())  # type: ignore[no-untyped-call]
+        (row,) = table["rows"]
+        return {
+            c["name"]: cell
+            for c, cell in zip(table["columnDefinitions"], row["cells"], strict=True)
+        }
+
     def patch_pool(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         patched = self.custom.patch_namespaced_custom_object(
             API_GROUP, API_VERSION, namespace, RUNTIME_POOL.plural, name, patch,

@@ -55,7 +55,7 @@ def test_crds_are_established_with_names_and_subresources(k8s: client.ApiClient)
         ".status.selector",
     )
     assert [c.name for c in pool.spec.versions[0].additional_printer_columns or []] == [
-        "Tenant", "Mode", "Prefix", "Ready", "Desired", "Visible", "Age",
+        "Tenant", "Mode", "Prefix", "Ready", "Desired", "Visible", "Status", "Age",
     ]  # fmt: skip
     assert [c.name for c in request.spec.versions[0].additional_printer_columns or []] == [
         "Tenant", "Prefix", "Phase", "Instance", "Age",
