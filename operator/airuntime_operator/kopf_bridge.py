@@ -9,12 +9,14 @@ classification of a failed API request into kopf's retry outcomes.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import kopf
 
 from airuntime.k8s.client import ApiError, KubeApi
 
-__all__ = ["api_failure", "connection_info", "retry_delay"]
+__all__ = ["api_failure", "api_outcomes", "connection_info", "retry_delay"]
 
 
 def connection_info(kube: KubeApi) -> kopf.ConnectionInfo:
@@ -45,3 +47,13 @@ def api_failure(exc: ApiError, retry: int) -> kopf.TemporaryError | kopf.Permane
     if exc.permanent:
         return kopf.PermanentError(str(exc))
     return kopf.TemporaryError(str(exc), delay=retry_delay(retry))
+
+
+@contextmanager
+def api_outcomes(retry: int) -> Iterator[None]:
+    """Within the block, a failed API request ends the handler with its kopf outcome
+    (:func:`api_failure`)."""
+    try:
+        yield
+    except ApiError as exc:
+        raise api_failure(exc, retry) from None

@@ -280,47 +280,85 @@ async def scale_in(
         spec = parse_spec(body.spec)
     except ValidationError:
         return 0
-    delay = spec.idle_scale_in_delay_seconds
+    idle = _idle_for_the_delay(ctx, spec, instances)
+    removable = min(len(idle), spec.effective_replicas - spec.min_instances)
+    if not ctx.settings.scale_in or spec.idle_scale_in_delay_seconds == 0 or removable <= 0:
+        return 0
+    victims = await _lower_deletion_cost(ctx, str(body.metadata.namespace), idle[:removable])
+    if not victims:
+        return 0
+    target = spec.effective_replicas - len(victims)
+    if not await _lower_replicas(ctx, body, target):
+        return 0
+    for instance_id in victims:
+        ctx.idle_since[spec.runtime_prefix].pop(instance_id, None)
+    kopf.info(
+        body,
+        reason=EventReason.SCALED_IN,
+        message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
+        f"{', '.join(victims)} idle for at least {spec.idle_scale_in_delay_seconds}s.",
+    )
+    return len(victims)
+
+
+def _idle_for_the_delay(
+    ctx: OperatorContext, spec: RuntimePoolSpec, instances: Sequence[InstanceDescriptor]
+) -> list[str]:
+    """The pool's instances idle for at least the scale-in delay, longest idle first.
+
+    Remembers when each instance was first seen idle; one that is busy again, or gone
+    from the registry, is forgotten.
+    """
     moment = time.monotonic()
     previously = ctx.idle_since.get(spec.runtime_prefix, {})
-    idle_since: dict[str, float] = {}  # instances gone from the registry are forgotten
-    idle: list[tuple[float, InstanceDescriptor]] = []
+    idle_since: dict[str, float] = {}
+    idle: list[tuple[float, str]] = []
     for descriptor in instances:
-        capacity = descriptor.capacity
-        busy = (
-            descriptor.status is not InstanceStatus.READY
-            or capacity.active_run_count > 0
-            or capacity.active_worker_count > 0
-        )
-        if busy:
+        if not _is_idle(descriptor):
             continue
-        since = idle_since[descriptor.instance_id] = previously.get(descriptor.instance_id, moment)
-        if moment - since >= delay:
-            idle.append((since, descriptor))
+        instance_id = descriptor.instance_id
+        since = idle_since[instance_id] = previously.get(instance_id, moment)
+        if moment - since >= spec.idle_scale_in_delay_seconds:
+            idle.append((since, instance_id))
     ctx.idle_since[spec.runtime_prefix] = idle_since
-    removable = min(len(idle), spec.effective_replicas - spec.min_instances)
-    if not ctx.settings.scale_in or delay == 0 or removable <= 0:
-        return 0
+    return [instance_id for _, instance_id in sorted(idle, key=lambda pair: pair[0])]
 
-    namespace = str(body.metadata.namespace)
-    victims: list[str] = []
-    for _, descriptor in sorted(idle, key=lambda pair: pair[0])[:removable]:
+
+def _is_idle(descriptor: InstanceDescriptor) -> bool:
+    capacity = descriptor.capacity
+    return (
+        descriptor.status is InstanceStatus.READY
+        and capacity.active_run_count == 0
+        and capacity.active_worker_count == 0
+    )
+
+
+async def _lower_deletion_cost(
+    ctx: OperatorContext, namespace: str, instance_ids: Sequence[str]
+) -> list[str]:
+    """Mark the pods of ``instance_ids`` as the ReplicaSet's first to delete; returns
+    those marked (an instance with no pod in the namespace is skipped)."""
+    marked: list[str] = []
+    for instance_id in instance_ids:
         try:
             await ctx.kube.merge_patch(
-                POD, namespace, descriptor.instance_id,
+                POD, namespace, instance_id,
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: _IDLE_POD_DELETION_COST}}},
             )  # fmt: skip
         except ApiError as exc:
             if exc.not_found:
                 continue  # registered, but not a pod of this namespace
             raise
-        victims.append(descriptor.instance_id)
-    if not victims:
-        return 0
-    target = spec.effective_replicas - len(victims)
+        marked.append(instance_id)
+    return marked
+
+
+async def _lower_replicas(ctx: OperatorContext, body: kopf.Body, target: int) -> bool:
+    """Set the pool's ``spec.replicas`` to ``target`` unless the pool changed since it
+    was read (then ``False``: decide again on the next tick)."""
     try:
         await ctx.kube.merge_patch(
-            RUNTIME_POOL_KIND, namespace, str(body.metadata.name),
+            RUNTIME_POOL_KIND, str(body.metadata.namespace), str(body.metadata.name),
             {
                 "metadata": {"resourceVersion": body.metadata.get("resourceVersion")},
                 "spec": {"replicas": target},
@@ -328,17 +366,9 @@ async def scale_in(
         )  # fmt: skip
     except ApiError as exc:
         if exc.conflict:
-            return 0  # the pool changed meanwhile; decide again on the next tick
+            return False
         raise
-    for instance_id in victims:
-        idle_since.pop(instance_id, None)
-    kopf.info(
-        body,
-        reason=EventReason.SCALED_IN,
-        message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
-        f"{', '.join(victims)} idle for at least {delay}s.",
-    )
-    return len(victims)
+    return True
 
 
 async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
