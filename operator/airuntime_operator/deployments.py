@@ -130,9 +130,9 @@ def _metadata(
     }
 
 
-def live_settings_name(spec: RuntimePoolSpec) -> str:
+def live_settings_name(runtime_prefix: str) -> str:
     """Name of the pool's ConfigMap of settings that change without a rollout."""
-    return f"{spec.runtime_prefix}-live-settings"
+    return f"{runtime_prefix}-live-settings"
 
 
 def _bool(value: bool) -> str:
@@ -169,7 +169,7 @@ def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
             "name": "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS",
             "valueFrom": {
                 "configMapKeyRef": {
-                    "name": live_settings_name(spec),
+                    "name": live_settings_name(spec.runtime_prefix),
                     "key": LIVE_SETTINGS_KEY,
                     "optional": True,
                 }
@@ -320,7 +320,7 @@ def config_map(
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(ref, spec, live_settings_name(spec), extra_labels),
+        "metadata": _metadata(ref, spec, live_settings_name(spec.runtime_prefix), extra_labels),
         "data": {LIVE_SETTINGS_KEY: str(spec.max_concurrent_step_tasks)},
     }
 

@@ -379,12 +379,11 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
     tenant_id = str(body.spec.get("tenantId", ""))
     removed: list[str] = []
     if prefix:
-        live_settings = f"{prefix}-live-settings"
         for kind, name in (
             (DEPLOYMENT, prefix),
             (SERVICE, prefix),
             (SERVICE_ACCOUNT, prefix),
-            (CONFIG_MAP, live_settings),
+            (CONFIG_MAP, deployments.live_settings_name(prefix)),
         ):
             if await _delete_owned(ctx, kind, namespace, name, uid):
                 removed.append(f"{kind.kind} {name}")
