@@ -245,17 +245,34 @@ async def refresh_status(
         patch.status["readyReplicas"] = ready
     if status.get("visibleInstances") != len(instances):
         patch.status["visibleInstances"] = len(instances)
-    conditions = list(status.get("conditions") or [])
-    desired = int(status.get("desiredReplicas") or 0)
-    updated = _with_readiness(
-        conditions, desired, deployment, prefix, status.get("observedGeneration")
-    )
-    if _differs(
-        find_condition(conditions, ConditionType.READY),
-        find_condition(updated, ConditionType.READY),
-    ):
-        patch.status["conditions"] = updated
+    await _refresh_readiness(ctx, body, patch, deployment)
     return instances
+
+
+async def _refresh_readiness(
+    ctx: OperatorContext, body: kopf.Body, patch: kopf.Patch, deployment: DeploymentState | None
+) -> None:
+    """Re-evaluate Ready from the indexed Deployment; patch the conditions if it changed.
+
+    Before the first reconcile there is nothing to say (reconcile sets Ready). A
+    Deployment the index has not seen is read from the API server before it counts as
+    missing: the index can lag behind the apply that created it.
+    """
+    status = body.status
+    conditions = list(status.get("conditions") or [])
+    reconciled = find_condition(conditions, ConditionType.RECONCILED)
+    if reconciled is None:
+        return
+    prefix = str(body.spec.get("runtimePrefix", ""))
+    if deployment is None and is_true(reconciled):
+        found = await ctx.kube.get(DEPLOYMENT, str(body.metadata.namespace), prefix)
+        deployment = None if found is None else deployment_state(found)
+    desired = int(status.get("desiredReplicas") or 0)
+    generation = status.get("observedGeneration")
+    updated = _with_readiness(conditions, desired, deployment, prefix, generation)
+    before, after = (find_condition(c, ConditionType.READY) for c in (conditions, updated))
+    if _differs(before, after):
+        patch.status["conditions"] = updated
 
 
 def _differs(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:

@@ -229,3 +229,21 @@ async def test_delete_removes_objects_tenant_settings_and_registry_entries(
         assert cluster.read(kind, namespace, name) is None, f"{kind} {name} still exists"
     assert tenant not in await registry.tenant_ids()
     assert await registry.list_by_prefix(prefix) == []
+
+
+async def test_ready_turns_false_when_the_deployment_is_gone(
+    cluster: Cluster, namespace: str
+) -> None:
+    prefix = unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(unique("tenant"), prefix))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+
+    cluster.apps.delete_namespaced_deployment(prefix, namespace)
+
+    def not_found() -> dict[str, Any] | None:
+        ready = _condition(cluster.pool_status(namespace, "pool"), "Ready", "False")
+        return ready if ready and ready["reason"] == "DeploymentNotFound" else None
+
+    ready = await eventually(not_found, what="Ready False: DeploymentNotFound")
+    assert ready["message"] == f"Deployment {prefix} does not exist."
+    assert cluster.pool_columns(namespace, "pool")["Status"] == "DeploymentNotFound"
