@@ -1,12 +1,15 @@
-"""Custom resources of the ``airuntime.io`` API group, and the CRDs generated from them.
+"""Custom resources of the ``airuntime.io/v1alpha1`` API: the Kubernetes contract.
 
 Why this module exists: the RuntimePool and ScaleOutRequest resources are a
 contract between three parties -- the Kubernetes API server (which validates
 them), the operator (which reconciles them) and the control plane (whose
-``kubernetes`` scale-out provider creates ScaleOutRequests). Writing the schema
-once, as pydantic models, and *generating* the CustomResourceDefinitions from
-those models keeps the three in agreement: ``crds/*.yaml`` are the output of
-``python -m airuntime.k8s.v1alpha1 --out crds/`` and a test fails when they drift.
+``kubernetes`` scale-out provider creates ScaleOutRequests). The contract is
+written once, here, as pydantic models plus the names everyone must agree on: the
+API group and version, kinds and plurals, the phases of a request, the condition
+types and reasons of a pool's status, the reasons of the events the operator posts.
+The CustomResourceDefinitions are *generated* from these models
+(:mod:`airuntime.k8s.crdgen`, ``airt crds generate --out crds/``) and a test fails
+when the checked-in files drift.
 
 The models are camelCase on the wire (Kubernetes convention) and snake_case in
 Python (``populate_by_name``). Every rule the API server enforces with a CEL
@@ -14,27 +17,16 @@ expression (``x-kubernetes-validations``) is mirrored by a pydantic validator, s
 a client building a resource in Python gets the same answer before it sends it.
 
 This module lives in :mod:`airuntime` (not in the operator) because the control
-plane needs it too; it imports nothing from Kubernetes client libraries.
-
-Command line::
-
-    python -m airuntime.k8s.v1alpha1 --out crds/      # (re)write the CRD files
-    python -m airuntime.k8s.v1alpha1 --check crds/    # exit 1 when the files differ
+plane needs it too; it imports no Kubernetes client library and no kopf.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
-import re
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Final, Self
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -44,6 +36,8 @@ from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 __all__ = [
     "API_GROUP",
     "API_VERSION",
+    "LABEL_PREFIX",
+    "LABEL_TENANT",
     "OPERATOR_MANAGED_ENV",
     "OPERATOR_MANAGED_SETTINGS",
     "RUNTIME_POOL",
@@ -52,29 +46,28 @@ __all__ = [
     "ConditionStatus",
     "CrdNames",
     "EnvVar",
+    "EventReason",
     "RedisSecretRef",
     "ResourceRequirements",
+    "RuntimePoolConditionReason",
+    "RuntimePoolConditionType",
     "RuntimePoolSpec",
     "RuntimePoolStatus",
     "ScaleOutPhase",
     "ScaleOutRequestSpec",
     "ScaleOutRequestStatus",
     "TenantSettingsSnapshot",
-    "check_files",
-    "crd_files",
-    "kopf_peering_crds",
-    "main",
-    "render_files",
-    "runtime_pool_crd",
     "runtime_pool_manifest",
-    "scale_out_request_crd",
     "scale_out_request_manifest",
-    "structural_schema",
-    "write_files",
 ]
 
 API_GROUP: Final = "airuntime.io"
 API_VERSION: Final = "v1alpha1"
+LABEL_TENANT: Final = "airuntime.io/tenant"
+"""Label naming the tenant of an object made for one (runtime pods and their objects,
+ScaleOutRequests)."""
+LABEL_PREFIX: Final = "airuntime.io/prefix"
+"""Label naming the runtime prefix an object belongs to (as ``LABEL_TENANT``)."""
 
 _DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -178,6 +171,8 @@ class ResourceRequirements(_Resource):
 
 
 class ConditionStatus(StrEnum):
+    """The status of a condition, as ``metav1.Condition`` spells it."""
+
     TRUE = "True"
     FALSE = "False"
     UNKNOWN = "Unknown"
@@ -352,7 +347,7 @@ class RuntimePoolStatus(_Resource):
     visible_instances: int | None = Field(default=None, ge=0)
     """Live runtime instances with this prefix in the Redis registry."""
     conditions: list[Condition] | None = Field(default=None, max_length=16)
-    """Reconciled, TenantSettingsPublished, Available."""
+    """Reconciled, TenantSettingsPublished and Ready."""
     observed_generation: int | None = Field(default=None, ge=0)
     """``metadata.generation`` of the last reconciled spec."""
     selector: str | None = None
@@ -439,6 +434,9 @@ class ScaleOutRequestSpec(
 
 
 class ScaleOutPhase(StrEnum):
+    """Where a scale-out request stands: the same phases in the resource's status (written
+    by the operator) and in the control plane's own record of the request (in Redis)."""
+
     PENDING = "Pending"
     OBSERVED = "Observed"
     FULFILLED = "Fulfilled"
@@ -470,6 +468,66 @@ class ScaleOutRequestStatus(_Resource):
     """When a new instance was ready."""
     rejected_at: datetime | None = None
     """When the request was rejected."""
+
+
+# -- conditions and events ------------------------------------------------------------------
+
+
+class RuntimePoolConditionType(StrEnum):
+    """The conditions of a RuntimePool's status (``status.conditions[].type``)."""
+
+    RECONCILED = "Reconciled"
+    """The pool's objects (ServiceAccount, ConfigMap, Service, Deployment) are applied
+    for the spec of ``observedGeneration``."""
+    TENANT_SETTINGS_PUBLISHED = "TenantSettingsPublished"
+    """The pool's tenant settings are in Redis, where admission and the runtimes read them."""
+    READY = "Ready"
+    """The pool serves its tenant: reconciled, tenant settings published, and its
+    Deployment has the desired replicas available."""
+
+
+class RuntimePoolConditionReason(StrEnum):
+    """Why a RuntimePool condition has its status (``status.conditions[].reason``)."""
+
+    APPLIED = "Applied"
+    """Reconciled is True."""
+    INVALID_SPEC = "InvalidSpec"
+    """Reconciled (and so Ready) is False: the spec breaks a rule of the model."""
+    APPLY_FAILED = "ApplyFailed"
+    """Reconciled (and so Ready) is False: the API server refused an object of the pool."""
+    PUBLISHED = "Published"
+    """TenantSettingsPublished is True."""
+    NOT_RECONCILED = "NotReconciled"
+    """Ready is False: the operator has not reconciled the pool yet."""
+    TENANT_SETTINGS_NOT_PUBLISHED = "TenantSettingsNotPublished"
+    """Ready is False: the tenant settings are not in Redis."""
+    DEPLOYMENT_NOT_FOUND = "DeploymentNotFound"
+    """Ready is False: the pool's Deployment does not exist."""
+    REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
+    """Ready is False: fewer replicas are available than desired."""
+    REPLICAS_AVAILABLE = "ReplicasAvailable"
+    """Ready is True."""
+
+
+class EventReason(StrEnum):
+    """Reasons of the Kubernetes events the operator posts about its resources."""
+
+    RECONCILED = "Reconciled"
+    """A RuntimePool's objects were applied and its tenant settings published."""
+    INVALID_SPEC = "InvalidSpec"
+    """A RuntimePool's spec breaks a rule of the model (warning)."""
+    APPLY_FAILED = "ApplyFailed"
+    """The API server refused an object of a RuntimePool (warning)."""
+    SCALED_IN = "ScaledIn"
+    """Idle runtime pods of a RuntimePool were removed."""
+    DELETED = "Deleted"
+    """A deleted RuntimePool's objects, tenant settings and registry entries were removed."""
+    OBSERVED = "Observed"
+    """A ScaleOutRequest's pool was scaled."""
+    FULFILLED = "Fulfilled"
+    """A new runtime instance can accept a ScaleOutRequest's run."""
+    REJECTED = "Rejected"
+    """A ScaleOutRequest was refused or timed out (warning)."""
 
 
 # -- manifests --------------------------------------------------------------------------------
@@ -534,301 +592,3 @@ def _manifest(
     if labels:
         metadata["labels"] = dict(labels)
     return {"apiVersion": names.api_version, "kind": names.kind, "metadata": metadata, "spec": spec}
-
-
-# -- schema generation ------------------------------------------------------------------------
-
-_DROPPED_KEYS: Final = frozenset({"title", "examples"})
-
-
-def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema rewritten as a Kubernetes *structural* OpenAPI v3 schema.
-
-    Pydantic emits JSON Schema 2020-12; a CRD needs every node typed, no ``$ref``, no
-    ``null`` types and OpenAPI 3.0 keywords. So: ``$ref`` is inlined, ``X | None`` becomes
-    ``X`` (optional fields are simply not required), ``int | str`` becomes
-    ``x-kubernetes-int-or-string``, ``dict[str, Any]`` preserves unknown fields, and
-    titles are dropped.
-    """
-    raw = model.model_json_schema(by_alias=True, mode="validation")
-    defs: dict[str, Any] = raw.pop("$defs", {})
-    schema: dict[str, Any] = _convert(raw, defs)
-    return schema
-
-
-def _convert(node: Any, defs: Mapping[str, Any]) -> Any:
-    if isinstance(node, list):
-        return [_convert(item, defs) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
-        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-        return _convert(merged, defs)
-    if "anyOf" in node:
-        return _convert_any_of(node, defs)
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _DROPPED_KEYS:
-            continue
-        if key == "properties":
-            out[key] = {name: _convert(prop, defs) for name, prop in value.items()}
-        elif key == "additionalProperties":
-            if value is False:
-                continue  # extra="forbid": the API server prunes unknown fields anyway
-            if value is True or value == {}:
-                out["x-kubernetes-preserve-unknown-fields"] = True
-            else:
-                out[key] = _convert(value, defs)
-        elif key == "description":
-            out[key] = _plain_text(value)
-        elif key == "default" and value is None:
-            continue
-        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
-            raise ValueError(f"{key} is not portable to OpenAPI v3.0; use ge/le bounds")
-        else:
-            out[key] = _convert(value, defs)
-    if out.get("type") == "object" and not {"properties", "additionalProperties"} & out.keys():
-        out["x-kubernetes-preserve-unknown-fields"] = True
-    first = {k: out.pop(k) for k in ("type", "description") if k in out}
-    return {**first, **out}
-
-
-def _plain_text(docstring: str) -> str:
-    """One line of text from a docstring: reST roles and double backquotes removed."""
-    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", docstring)
-    return " ".join(text.replace("``", "`").split())
-
-
-def _convert_any_of(node: dict[str, Any], defs: Mapping[str, Any]) -> dict[str, Any]:
-    options = [o for o in node["anyOf"] if o.get("type") != "null"]
-    rest = {k: v for k, v in node.items() if k != "anyOf"}
-    types = sorted(str(o.get("type")) for o in options)
-    if len(options) == 1:
-        converted: dict[str, Any] = _convert({**options[0], **rest}, defs)
-        return converted
-    if types == ["integer", "string"]:
-        converted = {k: _convert(v, defs) for k, v in rest.items() if k not in _DROPPED_KEYS}
-        return {**converted, "x-kubernetes-int-or-string": True}
-    raise ValueError(f"unsupported union in a CRD schema: {node['anyOf']}")
-
-
-def _resource_schema(
-    description: str, spec: type[BaseModel], status: type[BaseModel]
-) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "description": description,
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": structural_schema(spec),
-            "status": structural_schema(status),
-        },
-    }
-
-
-def _crd(
-    names: CrdNames,
-    *,
-    description: str,
-    spec: type[BaseModel],
-    status: type[BaseModel],
-    columns: Sequence[dict[str, Any]],
-    subresources: dict[str, Any],
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": names.crd_name,
-            "labels": {"app.kubernetes.io/part-of": "airuntime"},
-        },
-        "spec": {
-            "group": API_GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": names.kind,
-                "listKind": f"{names.kind}List",
-                "plural": names.plural,
-                "singular": names.singular,
-                "shortNames": list(names.short_names),
-                "categories": ["airuntime"],
-            },
-            "versions": [
-                {
-                    "name": API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": _resource_schema(description, spec, status)},
-                    "subresources": subresources,
-                    "additionalPrinterColumns": list(columns),
-                }
-            ],
-        },
-    }
-
-
-def _column(name: str, json_path: str, type_: str = "string", **extra: Any) -> dict[str, Any]:
-    return {"name": name, "type": type_, "jsonPath": json_path, **extra}
-
-
-def runtime_pool_crd() -> dict[str, Any]:
-    """The RuntimePool CRD, with the status and scale subresources."""
-    return _crd(
-        RUNTIME_POOL,
-        description="A tenant's pool of airuntime runtime instances (one Deployment).",
-        spec=RuntimePoolSpec,
-        status=RuntimePoolStatus,
-        subresources={
-            "status": {},
-            "scale": {
-                "specReplicasPath": ".spec.replicas",
-                "statusReplicasPath": ".status.readyReplicas",
-                "labelSelectorPath": ".status.selector",
-            },
-        },
-        columns=[
-            _column("Tenant", ".spec.tenantId"),
-            _column("Mode", ".spec.isolationMode"),
-            _column("Prefix", ".spec.runtimePrefix"),
-            _column("Ready", ".status.readyReplicas", "integer"),
-            _column("Desired", ".status.desiredReplicas", "integer"),
-            _column("Visible", ".status.visibleInstances", "integer"),
-            _column("Age", ".metadata.creationTimestamp", "date"),
-        ],
-    )
-
-
-def scale_out_request_crd() -> dict[str, Any]:
-    """The ScaleOutRequest CRD, with the status subresource."""
-    return _crd(
-        SCALE_OUT_REQUEST,
-        description="A request for more runtime instances of one tenant prefix.",
-        spec=ScaleOutRequestSpec,
-        status=ScaleOutRequestStatus,
-        subresources={"status": {}},
-        columns=[
-            _column("Tenant", ".spec.tenantId"),
-            _column("Prefix", ".spec.runtimePrefix"),
-            _column("Phase", ".status.phase"),
-            _column("Instance", ".status.fulfilledRuntimeInstanceId"),
-            _column("Age", ".metadata.creationTimestamp", "date"),
-        ],
-    )
-
-
-def kopf_peering_crds() -> list[dict[str, Any]]:
-    """The ClusterKopfPeering and KopfPeering CRDs kopf needs for operator HA (peering)."""
-    docs = []
-    for scope, kind, plural in (
-        ("Cluster", "ClusterKopfPeering", "clusterkopfpeerings"),
-        ("Namespaced", "KopfPeering", "kopfpeerings"),
-    ):
-        docs.append(
-            {
-                "apiVersion": "apiextensions.k8s.io/v1",
-                "kind": "CustomResourceDefinition",
-                "metadata": {"name": f"{plural}.kopf.dev"},
-                "spec": {
-                    "scope": scope,
-                    "group": "kopf.dev",
-                    "names": {
-                        "kind": kind,
-                        "plural": plural,
-                        "singular": kind.lower(),
-                    },
-                    "versions": [
-                        {
-                            "name": "v1",
-                            "served": True,
-                            "storage": True,
-                            "schema": {
-                                "openAPIV3Schema": {
-                                    "type": "object",
-                                    "properties": {
-                                        "status": {
-                                            "type": "object",
-                                            "x-kubernetes-preserve-unknown-fields": True,
-                                        }
-                                    },
-                                }
-                            },
-                        }
-                    ],
-                },
-            }
-        )
-    return docs
-
-
-_PROG: Final = "python -m airuntime.k8s.v1alpha1"
-_HEADER: Final = (
-    "# GENERATED by `python -m airuntime.k8s.v1alpha1 --out crds/` from the models in\n"
-    "# airuntime/k8s/v1alpha1.py.\n"
-    "# Do not edit by hand: change the models and regenerate.\n"
-)
-
-
-def crd_files() -> dict[str, list[dict[str, Any]]]:
-    """File name -> the CRD documents it holds."""
-    return {
-        f"{RUNTIME_POOL.crd_name}.yaml": [runtime_pool_crd()],
-        f"{SCALE_OUT_REQUEST.crd_name}.yaml": [scale_out_request_crd()],
-        "kopf-peering.yaml": kopf_peering_crds(),
-    }
-
-
-def render_files() -> dict[str, str]:
-    """File name -> YAML text, exactly as checked in under ``crds/``."""
-    return {
-        name: _HEADER
-        + "---\n".join(
-            yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
-            for doc in docs
-        )
-        for name, docs in crd_files().items()
-    }
-
-
-def write_files(out_dir: Path) -> list[Path]:
-    """(Re)write every CRD file into ``out_dir``; returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in render_files().items():
-        path = out_dir / name
-        path.write_text(text)
-        written.append(path)
-    return written
-
-
-def check_files(out_dir: Path) -> list[str]:
-    """Names of the files under ``out_dir`` that are missing or differ from the generator."""
-    stale = []
-    for name, text in render_files().items():
-        path = out_dir / name
-        if not path.is_file() or path.read_text() != text:
-            stale.append(name)
-    return stale
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=_PROG, description="Generate the airuntime.io CRDs.")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--out", type=Path, help="directory to (re)write the CRD files into")
-    group.add_argument("--check", type=Path, help="directory whose CRD files must be current")
-    args = parser.parse_args(argv)
-    if args.out is not None:
-        for path in write_files(args.out):
-            print(path)
-        return 0
-    stale = check_files(args.check)
-    for name in stale:
-        print(f"{args.check / name} is stale; run: {_PROG} --out {args.check}")
-    return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,6 @@ Peering named ``airuntime`` (HA) unless ``AIRUNTIME_OPERATOR_STANDALONE=1``; see
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from airuntime_operator.runner import run
@@ -15,15 +14,14 @@ from airuntime_operator.settings import OperatorSettings, SettingsError
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=os.environ.get("AIRUNTIME_OPERATOR_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(name)s [%(levelname)s] %(message)s",
-    )
     try:
         settings = OperatorSettings.from_env()
     except SettingsError as exc:
         print(f"airuntime operator: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(name)s [%(levelname)s] %(message)s"
+    )
     run(settings)
     return 0
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from airuntime.fleet.registry import InstanceDescriptor, Registry
-from airuntime_operator.kube import KubeApi, load_configuration
+from airuntime.k8s.client import KubeApi, load_configuration
 from airuntime_operator.settings import OperatorSettings
 
 __all__ = ["OperatorContext", "RegistryView"]

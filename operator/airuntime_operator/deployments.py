@@ -26,7 +26,13 @@ from typing import Any, Final
 
 from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.tenancy import TenantSettings
-from airuntime.k8s.v1alpha1 import OPERATOR_MANAGED_SETTINGS, RUNTIME_POOL, RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import (
+    LABEL_PREFIX,
+    LABEL_TENANT,
+    OPERATOR_MANAGED_SETTINGS,
+    RUNTIME_POOL,
+    RuntimePoolSpec,
+)
 
 __all__ = [
     "COMPONENT",
@@ -56,8 +62,6 @@ __all__ = [
 MANAGED_BY: Final = "airuntime-operator"
 COMPONENT: Final = "runtime"
 APP_NAME: Final = "airuntime-runtime"
-LABEL_TENANT: Final = "airuntime.io/tenant"
-LABEL_PREFIX: Final = "airuntime.io/prefix"
 LABEL_POOL: Final = "airuntime.io/pool"
 TEMPLATE_HASH_ANNOTATION: Final = "airuntime.io/pod-template-hash"
 CONTAINER_NAME: Final = "runtime"
@@ -127,9 +131,9 @@ def _metadata(
     }
 
 
-def live_settings_name(spec: RuntimePoolSpec) -> str:
+def live_settings_name(runtime_prefix: str) -> str:
     """Name of the pool's ConfigMap of settings that change without a rollout."""
-    return f"{spec.runtime_prefix}-live-settings"
+    return f"{runtime_prefix}-live-settings"
 
 
 def _bool(value: bool) -> str:
@@ -160,7 +164,7 @@ def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
         "max_concurrent_step_tasks": {
             "valueFrom": {
                 "configMapKeyRef": {
-                    "name": live_settings_name(spec),
+                    "name": live_settings_name(spec.runtime_prefix),
                     "key": LIVE_SETTINGS_KEY,
                     "optional": True,
                 }
@@ -314,7 +318,7 @@ def config_map(
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(ref, spec, live_settings_name(spec), extra_labels),
+        "metadata": _metadata(ref, spec, live_settings_name(spec.runtime_prefix), extra_labels),
         "data": {LIVE_SETTINGS_KEY: str(spec.max_concurrent_step_tasks)},
     }
 

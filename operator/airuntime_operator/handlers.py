@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import kopf
 
+from airuntime.k8s.client import ApiError, Kind
 from airuntime.k8s.v1alpha1 import (
     API_GROUP,
     API_VERSION,
@@ -37,7 +38,7 @@ from airuntime.k8s.v1alpha1 import (
 )
 from airuntime_operator import deployments, pools, scaleout
 from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import ApiError, Kind
+from airuntime_operator.kopf_bridge import api_outcomes, connection_info
 from airuntime_operator.settings import OperatorSettings
 
 __all__ = ["FINALIZER", "build_registry", "configure_kopf"]
@@ -48,7 +49,7 @@ _CLUSTER_PEERING: Final = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopf
 _NAMESPACED_PEERING: Final = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 _BACKOFF: Final = 5.0
 """Seconds before kopf retries a handler that failed unexpectedly (e.g. Redis down);
-API failures choose their own delay (:func:`airuntime_operator.pools.retry_delay`)."""
+API failures choose their own delay (:func:`airuntime_operator.kopf_bridge.retry_delay`)."""
 _MANAGED: Final = {"app.kubernetes.io/managed-by": deployments.MANAGED_BY}
 
 _POOLS: Final = (API_GROUP, API_VERSION, RUNTIME_POOL.plural)
@@ -97,8 +98,15 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     """A kopf registry with every handler of the operator, bound to ``settings``."""
     registry = kopf.OperatorRegistry()
     ctx = OperatorContext(settings)
+    _register_lifecycle(registry, ctx)
+    _register_indexes(registry)
+    _register_pool_handlers(registry, ctx)
+    _register_request_handlers(registry, ctx)
+    return registry
 
-    # -- lifecycle -----------------------------------------------------------------------
+
+def _register_lifecycle(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    """Open the shared context at start-up, close it at exit, log kopf in with it."""
 
     @kopf.on.startup(id="open_context", registry=registry)
     async def open_context(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
@@ -113,9 +121,12 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return ctx.kube.connection_info()
+        return connection_info(ctx.kube)
 
-    # -- indexes ----------------------------------------------------------------------------
+
+def _register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """What handlers look up without asking the API server: pools by (namespace, tenant,
+    prefix), the pools' Deployments, the instances fulfilled requests were promised."""
 
     @kopf.index(*_POOLS, id="pools_by_target", registry=registry)
     def pools_by_target(
@@ -126,15 +137,9 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.index(*_DEPLOYMENTS, id="pool_deployments", labels=_MANAGED, registry=registry)
     def pool_deployments(
-        namespace: str | None, name: str | None, meta: kopf.Meta, status: kopf.Status, **_: Any
+        namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], dict[str, Any]]:
-        return {
-            (str(namespace), str(name)): {
-                "readyReplicas": status.get("readyReplicas", 0),
-                "replicas": status.get("replicas", 0),
-                "templateHash": meta.annotations.get(deployments.TEMPLATE_HASH_ANNOTATION),
-            }
-        }
+        return {(str(namespace), str(name)): pools.deployment_state(body)}
 
     @kopf.index(
         *_REQUESTS,
@@ -145,41 +150,47 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     def promised_instances(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, str]:
         return {str(spec.get("runtimePrefix")): str(status.get("fulfilledRuntimeInstanceId"))}
 
-    # -- RuntimePool -------------------------------------------------------------------------
+
+def _pool_deployment(body: kopf.Body, kwargs: Mapping[str, Any]) -> pools.DeploymentState | None:
+    """The indexed state of the pool's Deployment (named after its runtime prefix)."""
+    key = (str(body.metadata.namespace), str(body.spec.get("runtimePrefix")))
+    state: pools.DeploymentState | None = _first(_index(kwargs, "pool_deployments"), key)
+    return state
+
+
+def _register_pool_handlers(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    """RuntimePool: reconcile on every spec change, refresh status and scale in on a
+    timer, clean up behind the finalizer."""
+    interval = ctx.settings.status_interval_seconds
 
     @kopf.on.resume(*_POOLS, id="reconcile", backoff=_BACKOFF, registry=registry)
     @kopf.on.create(*_POOLS, id="reconcile", backoff=_BACKOFF, registry=registry)
     @kopf.on.update(*_POOLS, id="reconcile", field="spec", backoff=_BACKOFF, registry=registry)
     async def reconcile_pool(body: kopf.Body, patch: kopf.Patch, retry: int, **kwargs: Any) -> None:
-        key = (str(body.metadata.namespace), str(body.spec.get("runtimePrefix")))
-        previous = _first(_index(kwargs, "pool_deployments"), key)
+        previous = _pool_deployment(body, kwargs)
         await pools.reconcile_pool(ctx, body=body, patch=patch, previous=previous, retry=retry)
 
     # The first refresh comes one interval after the pool appears: reconcile has
     # written a fresh status by then, and an unchanged status is never patched.
     @kopf.timer(
-        *_POOLS,
-        id="refresh",
-        interval=settings.status_interval_seconds,
-        backoff=settings.status_interval_seconds,
-        initial_delay=settings.status_interval_seconds,
+        *_POOLS, id="refresh", interval=interval, backoff=interval, initial_delay=interval,
         registry=registry,
-    )
+    )  # fmt: skip
     async def refresh_pool(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-        key = (str(body.metadata.namespace), str(body.spec.get("runtimePrefix")))
-        deployment = _first(_index(kwargs, "pool_deployments"), key)
+        deployment = _pool_deployment(body, kwargs)
         instances = await pools.refresh_status(ctx, body=body, patch=patch, deployment=deployment)
         if ctx.settings.scale_in:
             await pools.scale_in(ctx, body=body, instances=instances)
 
     @kopf.on.delete(*_POOLS, id="cleanup", backoff=_BACKOFF, registry=registry)
     async def delete_pool(body: kopf.Body, retry: int, **_: Any) -> None:
-        try:
+        with api_outcomes(retry):
             await pools.delete_pool(ctx, body=body)
-        except ApiError as exc:
-            raise pools.api_failure(exc, retry) from None
 
-    # -- ScaleOutRequest --------------------------------------------------------------------
+
+def _register_request_handlers(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    """ScaleOutRequest: observe on creation, then fulfil and collect on timers."""
+    poll, gc = ctx.settings.fulfilment_poll_seconds, ctx.settings.gc_interval_seconds
 
     @kopf.on.create(*_REQUESTS, id="observe", backoff=_BACKOFF, registry=registry)
     async def observe_request(
@@ -191,29 +202,21 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         )  # fmt: skip
 
     @kopf.timer(
-        *_REQUESTS,
-        id="fulfil",
-        interval=settings.fulfilment_poll_seconds,
-        backoff=settings.fulfilment_poll_seconds,
+        *_REQUESTS, id="fulfil", interval=poll, backoff=poll,
         when=lambda status, **_: status.get("phase") == ScaleOutPhase.OBSERVED.value,
         registry=registry,
-    )
+    )  # fmt: skip
     async def fulfil_request(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         promised = _index(kwargs, "promised_instances").get(str(body.spec.get("runtimePrefix")), ())
         await scaleout.fulfil(ctx, body=body, patch=patch, promised=list(promised))
 
     @kopf.timer(
-        *_REQUESTS,
-        id="collect",
-        interval=settings.gc_interval_seconds,
-        backoff=settings.gc_interval_seconds,
+        *_REQUESTS, id="collect", interval=gc, backoff=gc,
         when=lambda status, **_: status.get("phase") in scaleout.TERMINAL_PHASES,
         registry=registry,
-    )
+    )  # fmt: skip
     async def collect_request(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         await scaleout.collect(ctx, body=body, logger=logger)
-
-    return registry
 
 
 async def _ensure_peering_objects(ctx: OperatorContext, name: str, logger: kopf.Logger) -> None:

@@ -15,7 +15,6 @@ and every registry entry with its prefix.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -24,53 +23,41 @@ import kopf
 from pydantic import ValidationError
 
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
-from airuntime.k8s.v1alpha1 import RUNTIME_POOL, RuntimePoolSpec
-from airuntime_operator import deployments
-from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import (
+from airuntime.k8s.client import (
     CONFIG_MAP,
     DEPLOYMENT,
     POD,
+    RUNTIME_POOL_KIND,
     SERVICE,
     SERVICE_ACCOUNT,
     ApiError,
     Kind,
 )
-from airuntime_operator.status import with_condition
+from airuntime.k8s.v1alpha1 import EventReason, RuntimePoolSpec
+from airuntime.k8s.v1alpha1 import RuntimePoolConditionReason as Reason
+from airuntime.k8s.v1alpha1 import RuntimePoolConditionType as ConditionType
+from airuntime_operator import deployments
+from airuntime_operator.context import OperatorContext
+from airuntime_operator.kopf_bridge import api_failure
+from airuntime_operator.status import find_condition, is_true, with_condition
 
 __all__ = [
     "DELETION_COST_ANNOTATION",
-    "POOL_KIND",
     "DeploymentState",
-    "api_failure",
     "delete_pool",
+    "deployment_state",
     "parse_spec",
+    "readiness",
     "reconcile_pool",
     "refresh_status",
-    "retry_delay",
     "scale_in",
 ]
 
-POOL_KIND: Final = Kind(RUNTIME_POOL.api_version, RUNTIME_POOL.kind, RUNTIME_POOL.plural)
 DELETION_COST_ANNOTATION: Final = "controller.kubernetes.io/pod-deletion-cost"
 _IDLE_POD_DELETION_COST: Final = "-1000"
 
 DeploymentState = Mapping[str, Any]
 """What the operator's Deployment index keeps of a pool's Deployment."""
-
-
-def retry_delay(retry: int) -> float:
-    """Exponential backoff with jitter for kopf retries: 0.5 s, 1 s, 2 s ... up to 30 s."""
-    base: float = min(30.0, 0.5 * 2 ** min(retry, 6))
-    return base * random.uniform(0.5, 1.0)
-
-
-def api_failure(exc: ApiError, retry: int) -> kopf.TemporaryError | kopf.PermanentError:
-    """The kopf outcome of a failed API request: permanent when the request is wrong,
-    otherwise a retry with backoff (conflicts, throttling, outages)."""
-    if exc.permanent:
-        return kopf.PermanentError(str(exc))
-    return kopf.TemporaryError(str(exc), delay=retry_delay(retry))
 
 
 def parse_spec(spec: Mapping[str, Any]) -> RuntimePoolSpec:
@@ -86,70 +73,158 @@ async def reconcile_pool(
     retry: int,
 ) -> None:
     """Apply the pool's children and publish its tenant settings; report in the status."""
-    meta, status = body.metadata, body.status
+    meta = body.metadata
     generation = meta.get("generation")
-    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+    conditions: list[dict[str, Any]] = list(body.status.get("conditions") or [])
     try:
         spec = parse_spec(body.spec)
     except ValidationError as exc:
         message = f"Invalid spec: {_validation_text(exc)}"
-        patch.status["conditions"] = with_condition(
-            conditions, type_="Reconciled", status=False, reason="InvalidSpec",
-            message=message, generation=generation,
-        )  # fmt: skip
-        kopf.warn(body, reason="InvalidSpec", message=message)
+        _report_failure(body, patch, conditions, Reason.INVALID_SPEC, message, generation)
         raise kopf.PermanentError(message) from None
-
     ref = deployments.PoolRef(str(meta.name), str(meta.namespace), str(meta.uid))
-    image = spec.image or ctx.settings.runtime_image
-    objects = deployments.children(ref, spec, image=image, extra_labels=ctx.settings.extra_labels)
-    new_hash = objects[-1]["metadata"]["annotations"][deployments.TEMPLATE_HASH_ANNOTATION]
     try:
-        for obj in objects:
-            await ctx.kube.apply(obj)
+        applied = await _apply_children(ctx, ref, spec)
     except ApiError as exc:
         message = f"Applying the pool's objects failed: {exc.api_message or exc}"
-        patch.status["conditions"] = with_condition(
-            conditions, type_="Reconciled", status=False, reason="ApplyFailed",
-            message=message, generation=generation,
-        )  # fmt: skip
-        kopf.warn(body, reason="ApplyFailed", message=message)
+        _report_failure(body, patch, conditions, Reason.APPLY_FAILED, message, generation)
         raise api_failure(exc, retry) from None
+    await ctx.registry.put_tenant(spec.tenant_settings())
 
-    settings = spec.tenant_settings()
-    await ctx.registry.put_tenant(settings)
+    patch.status.update(
+        {
+            "desiredReplicas": spec.effective_replicas,
+            "readyReplicas": int((previous or {}).get("readyReplicas") or 0),
+            "visibleInstances": len(await ctx.view.by_prefix(spec.runtime_prefix)),
+            "observedGeneration": generation,
+            "selector": deployments.selector_string(spec),
+            "deploymentName": spec.runtime_prefix,
+            "conditions": _reconciled(conditions, spec, deployment_state(applied), generation),
+        }
+    )
+    kopf.info(
+        body,
+        reason=EventReason.RECONCILED,
+        message=f"{_rollout_summary(spec, previous, deployment_state(applied))}; tenant "
+        f"settings of {spec.tenant_id} published "
+        f"(maxConcurrentStepTasks={spec.max_concurrent_step_tasks}).",
+    )
 
-    replicas = spec.effective_replicas
+
+async def _apply_children(
+    ctx: OperatorContext, ref: deployments.PoolRef, spec: RuntimePoolSpec
+) -> dict[str, Any]:
+    """Server-side apply of every object of the pool; returns the applied Deployment."""
+    image = spec.image or ctx.settings.runtime_image
+    applied: dict[str, Any] = {}
+    for obj in deployments.children(ref, spec, image=image, extra_labels=ctx.settings.extra_labels):
+        applied = await ctx.kube.apply(obj)  # the Deployment comes last
+    return applied
+
+
+def _report_failure(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    conditions: Sequence[Mapping[str, Any]],
+    reason: Reason,
+    message: str,
+    generation: int | None,
+) -> None:
+    """Reconciled and Ready turn False with ``reason``; a warning event says why."""
     conditions = with_condition(
-        conditions, type_="Reconciled", status=True, reason="Applied",
+        conditions, type_=ConditionType.RECONCILED, status=False, reason=reason,
+        message=message, generation=generation,
+    )  # fmt: skip
+    prefix = str(body.spec.get("runtimePrefix", ""))
+    patch.status["conditions"] = _with_readiness(conditions, 0, None, prefix, generation)
+    kopf.warn(body, reason=EventReason(reason), message=message)  # same name as the reason
+
+
+def _reconciled(
+    conditions: Sequence[Mapping[str, Any]],
+    spec: RuntimePoolSpec,
+    deployment: DeploymentState,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """The conditions of a pool whose objects are applied and tenant settings published."""
+    replicas = spec.effective_replicas
+    updated = with_condition(
+        conditions, type_=ConditionType.RECONCILED, status=True, reason=Reason.APPLIED,
         message=f"Deployment {spec.runtime_prefix} has {replicas} desired replicas.",
         generation=generation,
     )  # fmt: skip
-    conditions = with_condition(
-        conditions, type_="TenantSettingsPublished", status=True, reason="Published",
-        message=f"Tenant settings of {spec.tenant_id} are in Redis.", generation=generation,
+    updated = with_condition(
+        updated, type_=ConditionType.TENANT_SETTINGS_PUBLISHED, status=True,
+        reason=Reason.PUBLISHED, message=f"Tenant settings of {spec.tenant_id} are in Redis.",
+        generation=generation,
     )  # fmt: skip
-    patch.status["desiredReplicas"] = replicas
-    patch.status["readyReplicas"] = int((previous or {}).get("readyReplicas") or 0)
-    patch.status["visibleInstances"] = len(await ctx.view.by_prefix(spec.runtime_prefix))
-    patch.status["observedGeneration"] = generation
-    patch.status["selector"] = deployments.selector_string(spec)
-    patch.status["deploymentName"] = spec.runtime_prefix
-    patch.status["conditions"] = conditions
+    return _with_readiness(updated, replicas, deployment, spec.runtime_prefix, generation)
 
-    old_hash = (previous or {}).get("templateHash")
+
+def _rollout_summary(
+    spec: RuntimePoolSpec, previous: DeploymentState | None, applied: DeploymentState
+) -> str:
+    """What applying the spec did to the Deployment, for the Reconciled event."""
+    name, replicas = spec.runtime_prefix, spec.effective_replicas
     if previous is None:
-        what = f"created Deployment {spec.runtime_prefix} with {replicas} replicas"
-    elif old_hash != new_hash:
-        what = f"rolling out a new pod template on Deployment {spec.runtime_prefix}"
-    else:
-        what = f"Deployment {spec.runtime_prefix} unchanged apart from replicas={replicas}"
-    kopf.info(
-        body,
-        reason="Reconciled",
-        message=f"{what}; tenant settings of {spec.tenant_id} published "
-        f"(maxConcurrentStepTasks={spec.max_concurrent_step_tasks}).",
+        return f"created Deployment {name} with {replicas} replicas"
+    if previous.get("templateHash") != applied.get("templateHash"):
+        return f"rolling out a new pod template on Deployment {name}"
+    return f"Deployment {name} unchanged apart from replicas={replicas}"
+
+
+def deployment_state(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator keeps of a pool's Deployment (its index, the status, Ready)."""
+    status = deployment.get("status") or {}
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    return {
+        "readyReplicas": status.get("readyReplicas", 0),
+        "availableReplicas": status.get("availableReplicas", 0),
+        "replicas": status.get("replicas", 0),
+        "templateHash": annotations.get(deployments.TEMPLATE_HASH_ANNOTATION),
+    }
+
+
+def readiness(
+    conditions: Sequence[Mapping[str, Any]],
+    *,
+    desired: int,
+    deployment: DeploymentState | None,
+    name: str,
+) -> tuple[bool, str, str]:
+    """The pool's Ready condition (status, reason, message): True when it is reconciled,
+    its tenant settings are published and Deployment ``name`` has ``desired`` replicas
+    available; otherwise False with the first thing missing."""
+    reconciled = find_condition(conditions, ConditionType.RECONCILED)
+    if not is_true(reconciled):
+        if reconciled is None:
+            return False, Reason.NOT_RECONCILED, "The operator has not reconciled the pool yet."
+        return False, str(reconciled["reason"]), f"Not reconciled: {reconciled.get('message')}"
+    if not is_true(find_condition(conditions, ConditionType.TENANT_SETTINGS_PUBLISHED)):
+        return False, Reason.TENANT_SETTINGS_NOT_PUBLISHED, "The tenant settings are not in Redis."
+    if deployment is None:
+        return False, Reason.DEPLOYMENT_NOT_FOUND, f"Deployment {name} does not exist."
+    available = int(deployment.get("availableReplicas") or 0)
+    counts = f"{available}/{desired} replicas of Deployment {name} are available"
+    if available < desired:
+        return False, Reason.REPLICAS_UNAVAILABLE, f"{counts}."
+    return True, Reason.REPLICAS_AVAILABLE, f"{counts}; the tenant settings are published."
+
+
+def _with_readiness(
+    conditions: Sequence[Mapping[str, Any]],
+    desired: int,
+    deployment: DeploymentState | None,
+    name: str,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    ready, reason, message = readiness(
+        conditions, desired=desired, deployment=deployment, name=name
     )
+    return with_condition(
+        conditions, type_=ConditionType.READY, status=ready, reason=reason, message=message,
+        generation=generation,
+    )  # fmt: skip
 
 
 async def refresh_status(
@@ -160,7 +235,8 @@ async def refresh_status(
     deployment: DeploymentState | None,
 ) -> list[InstanceDescriptor]:
     """Copy the Deployment's ready replicas and the registry's instance count into the
-    status, when they changed. Returns the pool's registry instances."""
+    status, and re-evaluate Ready, when they changed. Returns the pool's registry
+    instances."""
     prefix = str(body.spec.get("runtimePrefix", ""))
     instances = await ctx.view.by_prefix(prefix)
     ready = int((deployment or {}).get("readyReplicas") or 0)
@@ -169,7 +245,40 @@ async def refresh_status(
         patch.status["readyReplicas"] = ready
     if status.get("visibleInstances") != len(instances):
         patch.status["visibleInstances"] = len(instances)
+    await _refresh_readiness(ctx, body, patch, deployment)
     return instances
+
+
+async def _refresh_readiness(
+    ctx: OperatorContext, body: kopf.Body, patch: kopf.Patch, deployment: DeploymentState | None
+) -> None:
+    """Re-evaluate Ready from the indexed Deployment; patch the conditions if it changed.
+
+    Before the first reconcile there is nothing to say (reconcile sets Ready). A
+    Deployment the index has not seen is read from the API server before it counts as
+    missing: the index can lag behind the apply that created it.
+    """
+    status = body.status
+    conditions = list(status.get("conditions") or [])
+    reconciled = find_condition(conditions, ConditionType.RECONCILED)
+    if reconciled is None:
+        return
+    prefix = str(body.spec.get("runtimePrefix", ""))
+    if deployment is None and is_true(reconciled):
+        found = await ctx.kube.get(DEPLOYMENT, str(body.metadata.namespace), prefix)
+        deployment = None if found is None else deployment_state(found)
+    desired = int(status.get("desiredReplicas") or 0)
+    generation = status.get("observedGeneration")
+    updated = _with_readiness(conditions, desired, deployment, prefix, generation)
+    before, after = (find_condition(c, ConditionType.READY) for c in (conditions, updated))
+    if _differs(before, after):
+        patch.status["conditions"] = updated
+
+
+def _differs(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
+    """Whether a condition changed in more than its transition time."""
+    keys = ("status", "reason", "message", "observedGeneration")
+    return before is None or after is None or any(before.get(k) != after.get(k) for k in keys)
 
 
 async def scale_in(
@@ -188,47 +297,85 @@ async def scale_in(
         spec = parse_spec(body.spec)
     except ValidationError:
         return 0
-    delay = spec.idle_scale_in_delay_seconds
+    idle = _idle_for_the_delay(ctx, spec, instances)
+    removable = min(len(idle), spec.effective_replicas - spec.min_instances)
+    if not ctx.settings.scale_in or spec.idle_scale_in_delay_seconds == 0 or removable <= 0:
+        return 0
+    victims = await _lower_deletion_cost(ctx, str(body.metadata.namespace), idle[:removable])
+    if not victims:
+        return 0
+    target = spec.effective_replicas - len(victims)
+    if not await _lower_replicas(ctx, body, target):
+        return 0
+    for instance_id in victims:
+        ctx.idle_since[spec.runtime_prefix].pop(instance_id, None)
+    kopf.info(
+        body,
+        reason=EventReason.SCALED_IN,
+        message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
+        f"{', '.join(victims)} idle for at least {spec.idle_scale_in_delay_seconds}s.",
+    )
+    return len(victims)
+
+
+def _idle_for_the_delay(
+    ctx: OperatorContext, spec: RuntimePoolSpec, instances: Sequence[InstanceDescriptor]
+) -> list[str]:
+    """The pool's instances idle for at least the scale-in delay, longest idle first.
+
+    Remembers when each instance was first seen idle; one that is busy again, or gone
+    from the registry, is forgotten.
+    """
     moment = time.monotonic()
     previously = ctx.idle_since.get(spec.runtime_prefix, {})
-    idle_since: dict[str, float] = {}  # instances gone from the registry are forgotten
-    idle: list[tuple[float, InstanceDescriptor]] = []
+    idle_since: dict[str, float] = {}
+    idle: list[tuple[float, str]] = []
     for descriptor in instances:
-        capacity = descriptor.capacity
-        busy = (
-            descriptor.status is not InstanceStatus.READY
-            or capacity.active_run_count > 0
-            or capacity.active_worker_count > 0
-        )
-        if busy:
+        if not _is_idle(descriptor):
             continue
-        since = idle_since[descriptor.instance_id] = previously.get(descriptor.instance_id, moment)
-        if moment - since >= delay:
-            idle.append((since, descriptor))
+        instance_id = descriptor.instance_id
+        since = idle_since[instance_id] = previously.get(instance_id, moment)
+        if moment - since >= spec.idle_scale_in_delay_seconds:
+            idle.append((since, instance_id))
     ctx.idle_since[spec.runtime_prefix] = idle_since
-    removable = min(len(idle), spec.effective_replicas - spec.min_instances)
-    if not ctx.settings.scale_in or delay == 0 or removable <= 0:
-        return 0
+    return [instance_id for _, instance_id in sorted(idle, key=lambda pair: pair[0])]
 
-    namespace = str(body.metadata.namespace)
-    victims: list[str] = []
-    for _, descriptor in sorted(idle, key=lambda pair: pair[0])[:removable]:
+
+def _is_idle(descriptor: InstanceDescriptor) -> bool:
+    capacity = descriptor.capacity
+    return (
+        descriptor.status is InstanceStatus.READY
+        and capacity.active_run_count == 0
+        and capacity.active_worker_count == 0
+    )
+
+
+async def _lower_deletion_cost(
+    ctx: OperatorContext, namespace: str, instance_ids: Sequence[str]
+) -> list[str]:
+    """Mark the pods of ``instance_ids`` as the ReplicaSet's first to delete; returns
+    those marked (an instance with no pod in the namespace is skipped)."""
+    marked: list[str] = []
+    for instance_id in instance_ids:
         try:
             await ctx.kube.merge_patch(
-                POD, namespace, descriptor.instance_id,
+                POD, namespace, instance_id,
                 {"metadata": {"annotations": {DELETION_COST_ANNOTATION: _IDLE_POD_DELETION_COST}}},
             )  # fmt: skip
         except ApiError as exc:
             if exc.not_found:
                 continue  # registered, but not a pod of this namespace
             raise
-        victims.append(descriptor.instance_id)
-    if not victims:
-        return 0
-    target = spec.effective_replicas - len(victims)
+        marked.append(instance_id)
+    return marked
+
+
+async def _lower_replicas(ctx: OperatorContext, body: kopf.Body, target: int) -> bool:
+    """Set the pool's ``spec.replicas`` to ``target`` unless the pool changed since it
+    was read (then ``False``: decide again on the next tick)."""
     try:
         await ctx.kube.merge_patch(
-            POOL_KIND, namespace, str(body.metadata.name),
+            RUNTIME_POOL_KIND, str(body.metadata.namespace), str(body.metadata.name),
             {
                 "metadata": {"resourceVersion": body.metadata.get("resourceVersion")},
                 "spec": {"replicas": target},
@@ -236,17 +383,9 @@ async def scale_in(
         )  # fmt: skip
     except ApiError as exc:
         if exc.conflict:
-            return 0  # the pool changed meanwhile; decide again on the next tick
+            return False
         raise
-    for instance_id in victims:
-        idle_since.pop(instance_id, None)
-    kopf.info(
-        body,
-        reason="ScaledIn",
-        message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
-        f"{', '.join(victims)} idle for at least {delay}s.",
-    )
-    return len(victims)
+    return True
 
 
 async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
@@ -257,12 +396,11 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
     tenant_id = str(body.spec.get("tenantId", ""))
     removed: list[str] = []
     if prefix:
-        live_settings = f"{prefix}-live-settings"
         for kind, name in (
             (DEPLOYMENT, prefix),
             (SERVICE, prefix),
             (SERVICE_ACCOUNT, prefix),
-            (CONFIG_MAP, live_settings),
+            (CONFIG_MAP, deployments.live_settings_name(prefix)),
         ):
             if await _delete_owned(ctx, kind, namespace, name, uid):
                 removed.append(f"{kind.kind} {name}")
@@ -279,7 +417,7 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
         await ctx.registry.unregister(descriptor.instance_id)
     kopf.info(
         body,
-        reason="Deleted",
+        reason=EventReason.DELETED,
         message=f"Removed {', '.join(removed) or 'no objects'}; "
         f"tenant settings {'removed' if dropped_tenant else 'kept'}; "
         f"{len(instances)} registry entries of prefix {prefix} removed.",

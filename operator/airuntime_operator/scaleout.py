@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
@@ -28,24 +29,21 @@ import kopf
 from pydantic import ValidationError
 
 from airuntime.fleet.registry import InstanceStatus
-from airuntime.k8s.v1alpha1 import SCALE_OUT_REQUEST, ScaleOutPhase
+from airuntime.k8s.client import RUNTIME_POOL_KIND, SCALE_OUT_REQUEST_KIND
+from airuntime.k8s.v1alpha1 import EventReason, RuntimePoolSpec, ScaleOutPhase
 from airuntime_operator.context import OperatorContext
-from airuntime_operator.kube import ApiError, Kind
-from airuntime_operator.pools import POOL_KIND, api_failure, parse_spec
+from airuntime_operator.kopf_bridge import api_outcomes
+from airuntime_operator.pools import parse_spec
 from airuntime_operator.status import format_time, now, parse_time
 
 __all__ = [
     "APPLIED_ANNOTATION",
-    "REQUEST_KIND",
     "TERMINAL_PHASES",
     "collect",
     "fulfil",
     "observe",
 ]
 
-REQUEST_KIND: Final = Kind(
-    SCALE_OUT_REQUEST.api_version, SCALE_OUT_REQUEST.kind, SCALE_OUT_REQUEST.plural
-)
 APPLIED_ANNOTATION: Final = "airuntime.io/applied-scale-outs"
 """On a RuntimePool: JSON list of the uids of the last scale-out requests applied to it."""
 _APPLIED_KEPT: Final = 32
@@ -58,7 +56,46 @@ def _reject(body: kopf.Body, patch: kopf.Patch, reason: str, **extra: Any) -> No
         {"phase": ScaleOutPhase.REJECTED.value, "reason": reason,
          "rejectedAt": format_time(now()), **extra}
     )  # fmt: skip
-    kopf.warn(body, reason="Rejected", message=reason)
+    kopf.warn(body, reason=EventReason.REJECTED, message=reason)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What observing a ScaleOutRequest needs of it."""
+
+    namespace: str
+    name: str
+    uid: str
+    tenant_id: str
+    prefix: str
+    requested: int
+    requested_at: Any
+    pool_name: str | None
+    shared_run_id: Any
+
+    @classmethod
+    def of(cls, body: kopf.Body) -> _Request:
+        meta, spec = body.metadata, body.spec
+        return cls(
+            namespace=str(meta.namespace),
+            name=str(meta.name),
+            uid=str(meta.uid),
+            tenant_id=str(spec["tenantId"]),
+            prefix=str(spec["runtimePrefix"]),
+            requested=int(spec.get("requestedInstances", 1)),
+            requested_at=body.status.get("requestedAt") or meta.get("creationTimestamp"),
+            pool_name=spec.get("poolName"),
+            shared_run_id=spec.get("sharedRunId"),
+        )
+
+
+class _Rejection(Exception):
+    """A precondition of the request does not hold: it is Rejected with ``reason``."""
+
+    def __init__(self, reason: str, **status: Any) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
 
 
 async def observe(
@@ -70,97 +107,22 @@ async def observe(
     retry: int,
 ) -> None:
     """Step 1: reject, or scale the pool and mark the request Observed."""
-    meta, spec, status = body.metadata, body.spec, body.status
-    namespace, uid = str(meta.namespace), str(meta.uid)
-    tenant_id, prefix = str(spec["tenantId"]), str(spec["runtimePrefix"])
-    requested = int(spec.get("requestedInstances", 1))
-    requested_at = status.get("requestedAt") or meta.get("creationTimestamp")
-
-    pool_name = spec.get("poolName")
-    if pool_name is None:
-        candidates = sorted(pools_by_target.get((namespace, tenant_id, prefix), ()))
-        if not candidates:
-            # The pools' watch stream may not have delivered a pool created just before
-            # this request: ask the API server before rejecting.
-            candidates = await _find_pools(ctx, namespace, tenant_id, prefix, retry)
-        if len(candidates) != 1:
-            found = "no RuntimePool" if not candidates else f"{len(candidates)} RuntimePools"
-            _reject(
-                body, patch,
-                f"{found} with tenantId {tenant_id} and runtimePrefix {prefix} "
-                f"in namespace {namespace}.",
-                requestedAt=requested_at,
-            )  # fmt: skip
-            return
-        pool_name = candidates[0]
-    pool = await _get_pool(ctx, namespace, str(pool_name), retry)
-    if pool is None:
-        _reject(body, patch, f"RuntimePool {namespace}/{pool_name} does not exist.",
-                requestedAt=requested_at)  # fmt: skip
-        return
+    request = _Request.of(body)
     try:
-        pool_spec = parse_spec(pool["spec"])
-    except ValidationError as exc:
-        _reject(body, patch, f"RuntimePool {namespace}/{pool_name} has an invalid spec: {exc}",
-                requestedAt=requested_at)  # fmt: skip
+        pool_name = request.pool_name or await _only_pool(ctx, request, pools_by_target, retry)
+        pool = await _existing_pool(ctx, request, pool_name, retry)
+        pool_spec = _valid_pool_spec(request, pool_name, pool)
+        _check_serves(request, pool_name, pool_spec)
+        baseline = await _baseline(ctx, request, body.status, pool_name, retry)
+        previous, target = await _scale(ctx, request, pool_name, pool, pool_spec, retry)
+    except _Rejection as rejection:
+        _reject(body, patch, rejection.reason, requestedAt=request.requested_at, **rejection.status)
         return
-    if pool_spec.tenant_id != tenant_id or pool_spec.runtime_prefix != prefix:
-        _reject(
-            body, patch,
-            f"RuntimePool {namespace}/{pool_name} serves tenant {pool_spec.tenant_id} prefix "
-            f"{pool_spec.runtime_prefix}, not tenant {tenant_id} prefix {prefix}.",
-            requestedAt=requested_at,
-        )  # fmt: skip
-        return
-
-    # The baseline is taken, and stored, before the pool grows: an instance that
-    # registers between the scale and a later snapshot must still count as new.
-    baseline: list[str] | None = status.get("baselineInstanceIds")
-    if baseline is None:
-        baseline = sorted(d.instance_id for d in await ctx.view.by_prefix(prefix, fresh=True))
-        await _patch_status(
-            ctx, namespace, str(meta.name), retry,
-            {"phase": ScaleOutPhase.PENDING.value, "requestedAt": requested_at,
-             "poolName": pool_name, "baselineInstanceIds": baseline},
-        )  # fmt: skip
-
-    annotations = pool["metadata"].get("annotations") or {}
-    applied: list[str] = json.loads(annotations.get(APPLIED_ANNOTATION) or "[]")
-    current = pool_spec.effective_replicas
-    if uid in applied:  # a retry after the scale already happened
-        previous, target = max(current - requested, 0), current
-    else:
-        previous, target = current, current + requested
-        if target > pool_spec.max_instances:
-            _reject(
-                body, patch,
-                f"RuntimePool {namespace}/{pool_name} has {current} replicas: {current} + "
-                f"{requested} requested = {target} exceeds maxInstances {pool_spec.max_instances}.",
-                requestedAt=requested_at, poolName=pool_name,
-            )  # fmt: skip
-            return
-        new_applied = [*applied, uid][-_APPLIED_KEPT:]
-        try:
-            await ctx.kube.merge_patch(
-                POOL_KIND, namespace, str(pool_name),
-                {
-                    "metadata": {
-                        "resourceVersion": pool["metadata"]["resourceVersion"],
-                        "annotations": {APPLIED_ANNOTATION: json.dumps(new_applied)},
-                    },
-                    "spec": {"replicas": target},
-                },
-            )  # fmt: skip
-        except ApiError as exc:
-            # 409 Conflict: the pool changed since it was read (another request, an
-            # HPA, a user); kopf retries this handler with backoff and a fresh read.
-            raise api_failure(exc, retry) from None
-
     patch.status.update(
         {
             "phase": ScaleOutPhase.OBSERVED.value,
             "poolName": pool_name,
-            "requestedAt": requested_at,
+            "requestedAt": request.requested_at,
             "observedAt": format_time(now()),
             "previousReplicas": previous,
             "targetReplicas": target,
@@ -169,10 +131,127 @@ async def observe(
     )
     kopf.info(
         body,
-        reason="Observed",
+        reason=EventReason.OBSERVED,
         message=f"Scaled RuntimePool {pool_name} from {previous} to {target} replicas for "
-        f"shared run {spec.get('sharedRunId')}; waiting for a new ready instance of {prefix}.",
+        f"shared run {request.shared_run_id}; waiting for a new ready instance of "
+        f"{request.prefix}.",
     )
+
+
+async def _only_pool(
+    ctx: OperatorContext,
+    request: _Request,
+    pools_by_target: Mapping[tuple[str, str, str], Collection[str]],
+    retry: int,
+) -> str:
+    """The one pool of the request's tenant and prefix in its namespace."""
+    key = (request.namespace, request.tenant_id, request.prefix)
+    candidates = sorted(pools_by_target.get(key, ()))
+    if not candidates:
+        # The pools' watch stream may not have delivered a pool created just before
+        # this request: ask the API server before rejecting.
+        candidates = await _find_pools(ctx, request, retry)
+    if len(candidates) != 1:
+        found = "no RuntimePool" if not candidates else f"{len(candidates)} RuntimePools"
+        raise _Rejection(
+            f"{found} with tenantId {request.tenant_id} and runtimePrefix {request.prefix} "
+            f"in namespace {request.namespace}."
+        )
+    return candidates[0]
+
+
+async def _existing_pool(
+    ctx: OperatorContext, request: _Request, pool_name: str, retry: int
+) -> dict[str, Any]:
+    with api_outcomes(retry):
+        pool = await ctx.kube.get(RUNTIME_POOL_KIND, request.namespace, pool_name)
+    if pool is None:
+        raise _Rejection(f"RuntimePool {request.namespace}/{pool_name} does not exist.")
+    return pool
+
+
+def _valid_pool_spec(request: _Request, pool_name: str, pool: Mapping[str, Any]) -> RuntimePoolSpec:
+    try:
+        return parse_spec(pool["spec"])
+    except ValidationError as exc:
+        raise _Rejection(
+            f"RuntimePool {request.namespace}/{pool_name} has an invalid spec: {exc}"
+        ) from None
+
+
+def _check_serves(request: _Request, pool_name: str, spec: RuntimePoolSpec) -> None:
+    """The pool must be the request's tenant's, of the request's prefix."""
+    if spec.tenant_id != request.tenant_id or spec.runtime_prefix != request.prefix:
+        raise _Rejection(
+            f"RuntimePool {request.namespace}/{pool_name} serves tenant {spec.tenant_id} prefix "
+            f"{spec.runtime_prefix}, not tenant {request.tenant_id} prefix {request.prefix}."
+        )
+
+
+async def _baseline(
+    ctx: OperatorContext,
+    request: _Request,
+    status: Mapping[str, Any],
+    pool_name: str,
+    retry: int,
+) -> list[str]:
+    """The registry instances of the prefix before the pool grows (none of them fulfils).
+
+    It is taken, and stored, before the pool grows: an instance that registers between
+    the scale and a later snapshot must still count as new.
+    """
+    stored: list[str] | None = status.get("baselineInstanceIds")
+    if stored is not None:
+        return stored
+    baseline = sorted(d.instance_id for d in await ctx.view.by_prefix(request.prefix, fresh=True))
+    with api_outcomes(retry):
+        await ctx.kube.merge_patch(
+            SCALE_OUT_REQUEST_KIND, request.namespace, request.name,
+            {"status": {"phase": ScaleOutPhase.PENDING.value, "requestedAt": request.requested_at,
+                        "poolName": pool_name, "baselineInstanceIds": baseline}},
+            subresource="status",
+        )  # fmt: skip
+    return baseline
+
+
+async def _scale(
+    ctx: OperatorContext,
+    request: _Request,
+    pool_name: str,
+    pool: Mapping[str, Any],
+    spec: RuntimePoolSpec,
+    retry: int,
+) -> tuple[int, int]:
+    """Raise the pool's replicas by the requested instances, once per request, within
+    ``maxInstances``; returns the replicas before and after."""
+    annotations = pool["metadata"].get("annotations") or {}
+    applied: list[str] = json.loads(annotations.get(APPLIED_ANNOTATION) or "[]")
+    current = spec.effective_replicas
+    if request.uid in applied:  # a retry after the scale already happened
+        return max(current - request.requested, 0), current
+    target = current + request.requested
+    if target > spec.max_instances:
+        raise _Rejection(
+            f"RuntimePool {request.namespace}/{pool_name} has {current} replicas: {current} + "
+            f"{request.requested} requested = {target} exceeds maxInstances {spec.max_instances}.",
+            poolName=pool_name,
+        )
+    # 409 Conflict: the pool changed since it was read (another request, an HPA, a
+    # user); kopf retries this handler with backoff and a fresh read.
+    with api_outcomes(retry):
+        await ctx.kube.merge_patch(
+            RUNTIME_POOL_KIND, request.namespace, pool_name,
+            {
+                "metadata": {
+                    "resourceVersion": pool["metadata"]["resourceVersion"],
+                    "annotations": {
+                        APPLIED_ANNOTATION: json.dumps([*applied, request.uid][-_APPLIED_KEPT:])
+                    },
+                },
+                "spec": {"replicas": target},
+            },
+        )  # fmt: skip
+    return current, target
 
 
 async def fulfil(
@@ -206,7 +285,7 @@ async def fulfil(
         )
         kopf.info(
             body,
-            reason="Fulfilled",
+            reason=EventReason.FULFILLED,
             message=f"Runtime instance {descriptor.instance_id} of {prefix} can accept "
             f"shared run {spec.get('sharedRunId')}.",
         )
@@ -231,7 +310,7 @@ async def collect(ctx: OperatorContext, *, body: kopf.Body, logger: kopf.Logger)
     if now() - finished < timedelta(seconds=ctx.settings.retention_seconds):
         return False
     meta = body.metadata
-    deleted = await ctx.kube.delete(REQUEST_KIND, str(meta.namespace), str(meta.name))
+    deleted = await ctx.kube.delete(SCALE_OUT_REQUEST_KIND, str(meta.namespace), str(meta.name))
     for instance_id, uid in list(ctx.claimed_instances.items()):
         if uid == meta.uid:
             del ctx.claimed_instances[instance_id]
@@ -243,36 +322,12 @@ async def collect(ctx: OperatorContext, *, body: kopf.Body, logger: kopf.Logger)
     return deleted
 
 
-async def _find_pools(
-    ctx: OperatorContext, namespace: str, tenant_id: str, prefix: str, retry: int
-) -> list[str]:
-    try:
-        pools = await ctx.kube.list(POOL_KIND, namespace)
-    except ApiError as exc:
-        raise api_failure(exc, retry) from None
+async def _find_pools(ctx: OperatorContext, request: _Request, retry: int) -> list[str]:
+    with api_outcomes(retry):
+        pools = await ctx.kube.list(RUNTIME_POOL_KIND, request.namespace)
     return sorted(
         str(p["metadata"]["name"])
         for p in pools
-        if p.get("spec", {}).get("tenantId") == tenant_id
-        and p.get("spec", {}).get("runtimePrefix") == prefix
+        if p.get("spec", {}).get("tenantId") == request.tenant_id
+        and p.get("spec", {}).get("runtimePrefix") == request.prefix
     )
-
-
-async def _get_pool(
-    ctx: OperatorContext, namespace: str, name: str, retry: int
-) -> dict[str, Any] | None:
-    try:
-        return await ctx.kube.get(POOL_KIND, namespace, name)
-    except ApiError as exc:
-        raise api_failure(exc, retry) from None
-
-
-async def _patch_status(
-    ctx: OperatorContext, namespace: str, name: str, retry: int, status: Mapping[str, Any]
-) -> None:
-    try:
-        await ctx.kube.merge_patch(
-            REQUEST_KIND, namespace, name, {"status": dict(status)}, subresource="status"
-        )
-    except ApiError as exc:
-        raise api_failure(exc, retry) from None

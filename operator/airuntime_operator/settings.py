@@ -1,158 +1,292 @@
 """Settings of the airuntime operator, read once from the environment.
 
-Why a module of its own: the same settings drive ``python -m airuntime_operator``
-(from the environment of the operator's pod) and the tests (built explicitly),
-and every tunable the operator has is listed -- with unit, default and reason --
-in one place, like kopf's own ``OperatorSettings``.
+Why a module of its own: the same settings drive ``airt operator`` / ``python -m
+airuntime_operator`` (from the environment of the operator's pod, which the Helm chart
+writes) and the tests (built explicitly), and every tunable the operator has is listed
+-- with its variable, unit, default and reason -- in one place, like kopf's own
+``OperatorSettings``. They are a ``pydantic-settings`` model, the configuration idiom of
+airuntime: the environment is parsed and validated by the model, and
+:meth:`OperatorSettings.from_env` turns a refusal into one :class:`SettingsError` that
+names each variable and its value (``airt operator`` exits 2 with it).
 """
 
 from __future__ import annotations
 
-import os
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Final
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final
 
-__all__ = ["OperatorSettings", "SettingsError"]
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
-_PREFIX: Final = "AIRUNTIME_OPERATOR_"
+import airuntime
+
+__all__ = ["RUNTIME_IMAGE_REPOSITORY", "OperatorSettings", "SettingsError", "default_runtime_image"]
+
+ENV_PREFIX: Final = "AIRUNTIME_"
+RUNTIME_IMAGE_REPOSITORY: Final = "ghcr.io/airuntime/airuntime"
+
+
+def _var(suffix: str) -> str:
+    """The environment variable of an operator-only setting."""
+    return f"{ENV_PREFIX}OPERATOR_{suffix}"
+
+
+def default_runtime_image() -> str:
+    """The runtime image of the installed release: ``<repository>:<package version>``."""
+    try:
+        release = version("airuntime")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        release = airuntime.__version__
+    return f"{RUNTIME_IMAGE_REPOSITORY}:{release}"
 
 
 class SettingsError(ValueError):
     """An operator setting in the environment is missing or malformed."""
 
 
-@dataclass(frozen=True)
-class OperatorSettings:
+class OperatorSettings(BaseSettings):
     """Everything the operator needs besides the cluster's custom resources."""
 
-    redis_url: str
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,  # VAR="" means the default, as the chart writes optional values
+        populate_by_name=True,
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+    redis_url: str = Field(min_length=1)
     """URL of the Redis the runtimes register in and tenant settings are published to
-    (``AIRUNTIME_REDIS_URL``, required). The operator only reads the registry and writes
-    tenant settings; it never touches execution state."""
+    (``AIRUNTIME_REDIS_URL``, required, no default). The operator only reads the
+    registry and writes tenant settings; it never touches execution state."""
 
-    kubeconfig: str | None = None
-    """Path of a kubeconfig file (``KUBECONFIG``); ``None`` = in-cluster service account."""
+    kubeconfig: str | None = Field(default=None, validation_alias="KUBECONFIG")
+    """Path of a kubeconfig file (``KUBECONFIG``). Default ``None``: the in-cluster
+    service account, which is how the operator runs in its pod."""
 
-    namespaces: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = Field(default=(), validation_alias=_var("NAMESPACES"))
     """Namespaces (or kopf glob patterns) to serve (``AIRUNTIME_OPERATOR_NAMESPACES``,
-    comma-separated); empty = the whole cluster."""
+    comma-separated). Default empty: the whole cluster (a ClusterRoleBinding)."""
 
-    peering_name: str = "airuntime"
+    peering_name: str = Field(default="airuntime", min_length=1, validation_alias=_var("PEERING"))
     """kopf peering object shared by the operator's replicas, so that only one of them
-    (the highest priority) handles resources at a time (``AIRUNTIME_OPERATOR_PEERING``)."""
+    (the highest priority) handles resources at a time (``AIRUNTIME_OPERATOR_PEERING``,
+    default ``airuntime``)."""
 
-    standalone: bool = False
-    """Run without peering (``AIRUNTIME_OPERATOR_STANDALONE=1``): for a single replica,
-    tests and local development."""
+    standalone: bool = Field(default=False, validation_alias=_var("STANDALONE"))
+    """Run without peering (``AIRUNTIME_OPERATOR_STANDALONE=1``; default off): for a
+    single replica, tests and local development."""
 
-    priority: int | None = None
-    """kopf peering priority of this replica (``AIRUNTIME_OPERATOR_PRIORITY``); the highest
-    live priority handles resources, the others stand by. ``None`` = random."""
+    priority: int | None = Field(default=None, validation_alias=_var("PRIORITY"))
+    """kopf peering priority of this replica (``AIRUNTIME_OPERATOR_PRIORITY``); the
+    highest live priority handles resources, the others stand by. Default ``None``: a
+    random one, so that replicas never tie."""
 
-    liveness_endpoint: str | None = None
+    liveness_endpoint: str | None = Field(default=None, validation_alias=_var("LIVENESS"))
     """kopf's liveness probe endpoint, e.g. ``http://0.0.0.0:8080/healthz``
-    (``AIRUNTIME_OPERATOR_LIVENESS``); ``None`` = no probe server."""
+    (``AIRUNTIME_OPERATOR_LIVENESS``). Default ``None``: no probe server."""
 
-    runtime_image: str = "ghcr.io/airuntime/airuntime:0.1.0"
+    runtime_image: str = Field(
+        default_factory=default_runtime_image, min_length=1, validation_alias=_var("RUNTIME_IMAGE")
+    )
     """Image of runtime pods whose pool sets no ``spec.image``
-    (``AIRUNTIME_OPERATOR_RUNTIME_IMAGE``)."""
+    (``AIRUNTIME_OPERATOR_RUNTIME_IMAGE``). Default: the image of the installed
+    release, ``ghcr.io/airuntime/airuntime:<package version>``, so an operator never
+    starts runtimes of another version than its own."""
 
-    status_interval_seconds: float = 10.0
-    """Seconds between refreshes of a pool's ``readyReplicas`` / ``visibleInstances``
-    (``AIRUNTIME_OPERATOR_STATUS_INTERVAL``). The registry lives in Redis, which has no
-    watch, so it is polled; a status is only patched when it changed."""
+    status_interval_seconds: float = Field(
+        default=10.0, gt=0, validation_alias=_var("STATUS_INTERVAL")
+    )
+    """Seconds between refreshes of a pool's ``readyReplicas``, ``visibleInstances`` and
+    Ready condition (``AIRUNTIME_OPERATOR_STATUS_INTERVAL``, default 10). The registry
+    lives in Redis, which has no watch, so it is polled; a status is only patched when
+    it changed."""
 
-    fulfilment_poll_seconds: float = 2.0
+    fulfilment_poll_seconds: float = Field(
+        default=2.0, gt=0, validation_alias=_var("FULFILMENT_POLL")
+    )
     """Seconds between checks of an Observed scale-out request for a new, ready runtime
-    instance (``AIRUNTIME_OPERATOR_FULFILMENT_POLL``)."""
+    instance (``AIRUNTIME_OPERATOR_FULFILMENT_POLL``, default 2): the delay a waiting
+    run can add on top of the pod's start."""
 
-    fulfilment_timeout_seconds: float = 900.0
-    """An Observed request with no new ready instance after this long is Rejected, so the
-    control plane stops waiting for it (``AIRUNTIME_OPERATOR_FULFILMENT_TIMEOUT``)."""
+    fulfilment_timeout_seconds: float = Field(
+        default=900.0, gt=0, validation_alias=_var("FULFILMENT_TIMEOUT")
+    )
+    """Seconds after which an Observed request with no new ready instance is Rejected,
+    so the control plane stops waiting for it (``AIRUNTIME_OPERATOR_FULFILMENT_TIMEOUT``,
+    default 900: long enough for an image pull and a cold node)."""
 
-    retention_seconds: float = 3600.0
-    """Fulfilled or Rejected scale-out requests older than this are deleted
-    (``AIRUNTIME_OPERATOR_RETENTION``; default one hour)."""
+    retention_seconds: float = Field(default=3600.0, gt=0, validation_alias=_var("RETENTION"))
+    """Seconds a Fulfilled or Rejected scale-out request is kept (to be inspected) before
+    it is deleted (``AIRUNTIME_OPERATOR_RETENTION``, default 3600: one hour)."""
 
-    gc_interval_seconds: float = 60.0
+    gc_interval_seconds: float = Field(default=60.0, gt=0, validation_alias=_var("GC_INTERVAL"))
     """Seconds between checks of a finished request against the retention
-    (``AIRUNTIME_OPERATOR_GC_INTERVAL``)."""
+    (``AIRUNTIME_OPERATOR_GC_INTERVAL``, default 60)."""
 
-    registry_cache_seconds: float = 0.5
-    """How long one read of the Redis registry is reused by every pool and request, which
-    bounds the registry reads per second regardless of the number of resources."""
+    registry_cache_seconds: float = Field(
+        default=0.5, ge=0, validation_alias=_var("REGISTRY_CACHE")
+    )
+    """Seconds one read of the Redis registry is reused by every pool and request
+    (``AIRUNTIME_OPERATOR_REGISTRY_CACHE``, default 0.5), which bounds the registry
+    reads per second regardless of the number of resources."""
 
-    scale_in: bool = True
+    scale_in: bool = Field(default=True, validation_alias=_var("SCALE_IN"))
     """Remove idle runtime pods of a pool after its ``idleScaleInDelaySeconds``
-    (``AIRUNTIME_OPERATOR_SCALE_IN``)."""
+    (``AIRUNTIME_OPERATOR_SCALE_IN``, default on; off when something else, e.g. an HPA,
+    owns the replicas)."""
 
-    api_threads: int = 8
-    """Threads running blocking Kubernetes API calls (``AIRUNTIME_OPERATOR_API_THREADS``)."""
+    api_threads: int = Field(default=8, ge=1, validation_alias=_var("API_THREADS"))
+    """Threads running blocking Kubernetes API calls (``AIRUNTIME_OPERATOR_API_THREADS``,
+    default 8): the operator's API requests in flight at once."""
 
-    field_manager: str = "airuntime-operator"
-    """Server-side-apply field manager and user agent of the operator's own requests."""
+    field_manager: str = Field(
+        default="airuntime-operator", min_length=1, validation_alias=_var("FIELD_MANAGER")
+    )
+    """Server-side-apply field manager and user agent of the operator's own requests
+    (``AIRUNTIME_OPERATOR_FIELD_MANAGER``, default ``airuntime-operator``): what
+    ``managedFields`` and the API server's audit log name as the writer."""
 
-    extra_labels: Mapping[str, str] = field(default_factory=dict)
-    """Labels added to every object the operator creates."""
+    extra_labels: dict[str, str] = Field(
+        default_factory=dict, validation_alias=_var("EXTRA_LABELS")
+    )
+    """Labels added to every object the operator creates
+    (``AIRUNTIME_OPERATOR_EXTRA_LABELS``, comma-separated ``name=value`` pairs; default
+    none), e.g. for cost allocation."""
 
-    def __post_init__(self) -> None:
-        if not self.redis_url:
-            raise SettingsError("The operator needs a Redis URL: set AIRUNTIME_REDIS_URL.")
-        for name in (
-            "status_interval_seconds",
-            "fulfilment_poll_seconds",
-            "fulfilment_timeout_seconds",
-            "retention_seconds",
-            "gc_interval_seconds",
-        ):
-            value = getattr(self, name)
-            if value <= 0:
-                raise SettingsError(f"{name} must be positive, not {value}.")
-        if self.api_threads < 1:
-            raise SettingsError(f"Can't run the Kubernetes API with {self.api_threads} threads.")
+    log_level: str = Field(default="INFO", validation_alias=_var("LOG_LEVEL"))
+    """Level of the operator's log (``AIRUNTIME_OPERATOR_LOG_LEVEL``: DEBUG, INFO,
+    WARNING, ERROR; default INFO)."""
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(n.strip() for n in value.split(",") if n.strip())
+        return value
+
+    @field_validator("extra_labels", mode="before")
+    @classmethod
+    def _label_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        labels: dict[str, str] = {}
+        for pair in (p.strip() for p in value.split(",") if p.strip()):
+            name, sep, label = pair.partition("=")
+            if not sep or not name.strip():
+                raise ValueError("must be comma-separated name=value pairs")
+            labels[name.strip()] = label.strip()
+        return labels
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in logging.getLevelNamesMapping():
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
 
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
 
     @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment; no dotenv or secrets files."""
+        return init_settings, _Environment(settings_cls)
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
-        """Read the settings from ``environ`` (default: ``os.environ``)."""
-        env = os.environ if environ is None else environ
+        """The settings in ``environ`` (default: ``os.environ``) and nothing else.
 
-        def number(name: str, default: float) -> float:
-            raw = env.get(_PREFIX + name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return float(raw)
-            except ValueError:
-                raise SettingsError(f"{_PREFIX}{name} must be a number, not {raw!r}.") from None
+        Raises :class:`SettingsError` naming every variable that is missing or malformed,
+        with its value.
+        """
+        try:
+            return cls.model_validate(_Environment(cls, environ)())
+        except ValidationError as exc:
+            raise SettingsError(" ".join(_explain(error) for error in exc.errors())) from None
 
-        def flag(name: str, default: bool) -> bool:
-            raw = env.get(_PREFIX + name)
-            if raw is None or raw == "":
-                return default
-            return raw.strip().lower() in ("1", "true", "yes", "on")
 
-        namespaces = tuple(
-            n.strip() for n in env.get(_PREFIX + "NAMESPACES", "").split(",") if n.strip()
-        )
-        return cls(
-            redis_url=env.get("AIRUNTIME_REDIS_URL", ""),
-            kubeconfig=env.get("KUBECONFIG") or None,
-            namespaces=namespaces,
-            peering_name=env.get(_PREFIX + "PEERING") or "airuntime",
-            standalone=flag("STANDALONE", False),
-            priority=int(number("PRIORITY", 0)) if env.get(_PREFIX + "PRIORITY") else None,
-            liveness_endpoint=env.get(_PREFIX + "LIVENESS") or None,
-            runtime_image=env.get(_PREFIX + "RUNTIME_IMAGE") or cls.runtime_image,
-            status_interval_seconds=number("STATUS_INTERVAL", cls.status_interval_seconds),
-            fulfilment_poll_seconds=number("FULFILMENT_POLL", cls.fulfilment_poll_seconds),
-            fulfilment_timeout_seconds=number("FULFILMENT_TIMEOUT", cls.fulfilment_timeout_seconds),
-            retention_seconds=number("RETENTION", cls.retention_seconds),
-            gc_interval_seconds=number("GC_INTERVAL", cls.gc_interval_seconds),
-            scale_in=flag("SCALE_IN", cls.scale_in),
-            api_threads=int(number("API_THREADS", cls.api_threads)),
-        )
+class _Environment(EnvSettingsSource):
+    """The environment source: ``os.environ``, or the given mapping.
+
+    Lists stay strings here (the model's validators split them): the stock source would
+    decode them as JSON.
+    """
+
+    _RAW: Final = frozenset({"namespaces", "extra_labels"})
+
+    def __init__(
+        self, settings_cls: type[BaseSettings], environ: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(settings_cls)
+        if environ is not None:
+            # As the stock source reads os.environ: case-insensitive, "" ignored.
+            self.env_vars = {k.lower(): v for k, v in environ.items() if v != ""}
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        if field_name in self._RAW:
+            return value
+        return super().prepare_field_value(field_name, field, value, value_is_complex)
+
+
+def env_var(field_name: str) -> str:
+    """The environment variable of the setting ``field_name``."""
+    alias = OperatorSettings.model_fields[field_name].validation_alias
+    return alias if isinstance(alias, str) else f"{ENV_PREFIX}{field_name.upper()}"
+
+
+_KINDS: Final = {
+    "float_parsing": "a number",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "bool_parsing": "a boolean (1/0, true/false, yes/no, on/off)",
+}
+
+
+def _field_of(key: str) -> str:
+    """The field a validation error's location names (by alias or by name)."""
+    for name in OperatorSettings.model_fields:
+        if key in (name, env_var(name)):
+            return name
+    return key
+
+
+def _explain(error: ErrorDetails) -> str:
+    """One sentence naming the variable, its value and what is wrong with it."""
+    field = _field_of(str(error["loc"][0])) if error["loc"] else "settings"
+    var = env_var(field) if field in OperatorSettings.model_fields else field
+    value, kind = error.get("input"), error["type"]
+    if kind == "missing":
+        return f"{var} is not set; the operator needs it."
+    if kind in _KINDS:
+        return f"{var} must be {_KINDS[kind]}, not {value!r}."
+    context = error.get("ctx") or {}
+    if kind == "greater_than" and context.get("gt") == 0:
+        problem = "must be positive"
+    elif kind == "greater_than_equal":
+        problem = f"must be at least {context.get('ge')}"
+    elif kind == "value_error":
+        problem = str(context.get("error"))
+    else:
+        problem = error["msg"].lower()
+    return f"{var}={value!r}: {field} {problem}."

@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["format_time", "now", "parse_time", "with_condition"]
+from airuntime.k8s.v1alpha1 import ConditionStatus
+
+__all__ = ["find_condition", "format_time", "is_true", "now", "parse_time", "with_condition"]
 
 
 def now() -> datetime:
@@ -29,6 +31,17 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def find_condition(
+    conditions: Sequence[Mapping[str, Any]] | None, type_: str
+) -> Mapping[str, Any] | None:
+    """The condition of type ``type_``, if ``conditions`` has one."""
+    return next((c for c in conditions or () if c.get("type") == type_), None)
+
+
+def is_true(condition: Mapping[str, Any] | None) -> bool:
+    return condition is not None and condition.get("status") == ConditionStatus.TRUE
+
+
 def with_condition(
     conditions: Sequence[Mapping[str, Any]] | None,
     *,
@@ -40,7 +53,7 @@ def with_condition(
     at: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """``conditions`` with ``type_`` set; its transition time is kept unless it flips."""
-    status_text = "True" if status else "False"
+    status_text = ConditionStatus.TRUE if status else ConditionStatus.FALSE
     out: list[dict[str, Any]] = []
     previous: Mapping[str, Any] | None = None
     for condition in conditions or ():
@@ -56,9 +69,9 @@ def with_condition(
         else format_time(at or now())
     )
     updated: dict[str, Any] = {
-        "type": type_,
-        "status": status_text,
-        "reason": reason,
+        "type": str(type_),
+        "status": status_text.value,
+        "reason": str(reason),
         "message": message[:32768],
         "lastTransitionTime": transition,
     }

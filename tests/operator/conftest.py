@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import uuid
@@ -104,17 +103,17 @@ def namespace(k8s: client.ApiClient) -> Iterator[str]:
 
 def operator_settings(kube: KubeTestEnv, redis_url: str, **overrides: Any) -> OperatorSettings:
     """Operator settings for tests: short intervals, this cluster, this Redis."""
-    base = OperatorSettings(
-        redis_url=redis_url,
-        kubeconfig=str(kube.kubeconfig_path),
-        standalone=True,
-        runtime_image="example.invalid/airuntime:test",
-        status_interval_seconds=0.5,
-        fulfilment_poll_seconds=0.3,
-        registry_cache_seconds=0.1,
-        gc_interval_seconds=0.5,
-    )
-    return dataclasses.replace(base, **overrides)
+    base: dict[str, Any] = {
+        "redis_url": redis_url,
+        "kubeconfig": str(kube.kubeconfig_path),
+        "standalone": True,
+        "runtime_image": "example.invalid/airuntime:test",
+        "status_interval_seconds": 0.5,
+        "fulfilment_poll_seconds": 0.3,
+        "registry_cache_seconds": 0.1,
+        "gc_interval_seconds": 0.5,
+    }
+    return OperatorSettings(**{**base, **overrides})
 
 
 @contextmanager

@@ -16,7 +16,13 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from airuntime.k8s.v1alpha1 import API_GROUP, API_VERSION, RUNTIME_POOL, SCALE_OUT_REQUEST
+from airuntime.k8s.v1alpha1 import (
+    API_GROUP,
+    API_VERSION,
+    RUNTIME_POOL,
+    SCALE_OUT_REQUEST,
+    CrdNames,
+)
 
 T = TypeVar("T")
 
@@ -90,18 +96,35 @@ class Cluster:
 
     # -- RuntimePool ----------------------------------------------------------------------
 
-    def create_pool(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    def _create(
+        self, names: CrdNames, namespace: str, name: str, spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Create a custom resource from a raw spec (which may well be invalid)."""
         body = {
-            "apiVersion": RUNTIME_POOL.api_version,
-            "kind": RUNTIME_POOL.kind,
+            "apiVersion": names.api_version,
+            "kind": names.kind,
             "metadata": {"name": name},
             "spec": spec,
         }
         return _json(
             self.custom.create_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, RUNTIME_POOL.plural, body
+                API_GROUP, API_VERSION, namespace, names.plural, body
             )
         )
+
+    def _get(self, names: CrdNames, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, names.plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return _json(found)
+
+    def create_pool(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._create(RUNTIME_POOL, namespace, name, spec)
 
     def reconciled_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pool once the operator reconciled its current generation."""
@@ -117,15 +140,24 @@ class Cluster:
         return status
 
     def pool(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found = self.custom.get_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, RUNTIME_POOL.plural, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return _json(found)
+        return self._get(RUNTIME_POOL, namespace, name)
+
+    def pool_columns(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pool's printer columns as the API server renders them (``kubectl get rp``)."""
+        path = (
+            f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/{RUNTIME_POOL.plural}/{name}"
+        )
+        method, url, headers, body, _ = self.api.param_serialize(
+            method="GET", resource_path=path, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        )  # fmt: skip
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        table = json.loads(response.read())  # type: ignore[no-untyped-call]
+        (row,) = table["rows"]
+        return {
+            c["name"]: cell
+            for c, cell in zip(table["columnDefinitions"], row["cells"], strict=True)
+        }
 
     def patch_pool(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         patched = self.custom.patch_namespaced_custom_object(
@@ -142,28 +174,10 @@ class Cluster:
     # -- ScaleOutRequest ----------------------------------------------------------------------
 
     def create_request(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {
-            "apiVersion": SCALE_OUT_REQUEST.api_version,
-            "kind": SCALE_OUT_REQUEST.kind,
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        return _json(
-            self.custom.create_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, SCALE_OUT_REQUEST.plural, body
-            )
-        )
+        return self._create(SCALE_OUT_REQUEST, namespace, name, spec)
 
     def request(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found = self.custom.get_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, SCALE_OUT_REQUEST.plural, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return _json(found)
+        return self._get(SCALE_OUT_REQUEST, namespace, name)
 
     def request_in_phase(self, namespace: str, name: str, phase: str) -> dict[str, Any] | None:
         """The request once its ``status.phase`` is ``phase``."""

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
-from airuntime.k8s import v1alpha1 as crds
+from airuntime.k8s import crdgen
 from airuntime.k8s.v1alpha1 import (
     API_GROUP,
     API_VERSION,
@@ -27,14 +27,15 @@ from airuntime.k8s.v1alpha1 import (
     RuntimePoolSpec,
     ScaleOutRequestSpec,
     TenantSettingsSnapshot,
+    scale_out_request_manifest,
 )
 from tests.operator.conftest import CRD_DIR
 from tests.operator.k8s import Cluster, api_error_message, pool_spec, request_spec, unique
 
 
 def test_checked_in_crds_are_the_generator_output() -> None:
-    assert crds.check_files(CRD_DIR) == [], "run: python -m airuntime.k8s.v1alpha1 --out crds/"
-    assert sorted(p.name for p in CRD_DIR.glob("*.yaml")) == sorted(crds.render_files())
+    assert crdgen.check_files(CRD_DIR) == [], "run: airt crds generate --out crds/"
+    assert sorted(p.name for p in CRD_DIR.glob("*.yaml")) == sorted(crdgen.render_files())
 
 
 def test_crds_are_established_with_names_and_subresources(k8s: client.ApiClient) -> None:
@@ -54,7 +55,7 @@ def test_crds_are_established_with_names_and_subresources(k8s: client.ApiClient)
         ".status.selector",
     )
     assert [c.name for c in pool.spec.versions[0].additional_printer_columns or []] == [
-        "Tenant", "Mode", "Prefix", "Ready", "Desired", "Visible", "Age",
+        "Tenant", "Mode", "Prefix", "Ready", "Desired", "Visible", "Status", "Age",
     ]  # fmt: skip
     assert [c.name for c in request.spec.versions[0].additional_printer_columns or []] == [
         "Tenant", "Prefix", "Phase", "Instance", "Age",
@@ -86,7 +87,7 @@ def test_valid_scale_out_request_is_accepted(k8s: client.ApiClient, namespace: s
         shared_run_id="run-1",
         tenant_settings=TenantSettingsSnapshot.of(settings),
     )
-    manifest = crds.scale_out_request_manifest("sor-1", namespace, spec)
+    manifest = scale_out_request_manifest("sor-1", namespace, spec)
 
     created = cluster.custom.create_namespaced_custom_object(
         API_GROUP, API_VERSION, namespace, SCALE_OUT_REQUEST.plural, manifest

@@ -2,49 +2,27 @@
 
 Proves that the binaries built by scripts/k8s-test-binaries.sh come up as a
 working control plane: the API server stores and serves objects, and the
-controller-manager reconciles built-in resources (Deployment -> ReplicaSet).
+controller-manager reconciles built-in resources (Deployment -> ReplicaSet). It uses
+the session's cluster of the operator tests (``kube_cluster``, ``k8s`` in conftest.py).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
-from tests.k8s_env import KubeBinariesUnavailable, KubeTestEnv
+from tests.k8s_env import KubeTestEnv
 
 # A cold cache builds kube-apiserver and kube-controller-manager from source,
 # which takes far longer than the default per-test timeout.
 pytestmark = pytest.mark.timeout(3600)
 
 
-@pytest.fixture(scope="module")
-def kube_env() -> Iterator[KubeTestEnv]:
-    env = KubeTestEnv(with_controller_manager=True)
-    try:
-        env.bin_dir  # noqa: B018 - resolves (and if needed builds) the binaries
-    except KubeBinariesUnavailable as exc:
-        pytest.skip(f"Kubernetes test binaries unavailable: {exc}")
-    with env:
-        yield env
-
-
-@pytest.fixture(scope="module")
-def api_client(kube_env: KubeTestEnv) -> Iterator[client.ApiClient]:
-    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kube_env.kubeconfig_path)
-    )
-    try:
-        yield api
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
-
-
-def test_configmap_roundtrip(kube_env: KubeTestEnv, api_client: client.ApiClient) -> None:
-    core = client.CoreV1Api(api_client)
+def test_configmap_roundtrip(kube_cluster: KubeTestEnv, k8s: client.ApiClient) -> None:
+    core = client.CoreV1Api(k8s)
     ns = f"smoke-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     core.create_namespaced_config_map(
@@ -60,15 +38,15 @@ def test_configmap_roundtrip(kube_env: KubeTestEnv, api_client: client.ApiClient
     assert cm.data == {"hello": "world"}
     assert cm.metadata is not None
     assert cm.metadata.namespace == ns
-    assert kube_env.server.startswith("https://127.0.0.1:")
+    assert kube_cluster.server.startswith("https://127.0.0.1:")
 
 
 def test_controller_manager_creates_replicaset(
-    kube_env: KubeTestEnv, api_client: client.ApiClient
+    kube_cluster: KubeTestEnv, k8s: client.ApiClient
 ) -> None:
-    assert kube_env.with_controller_manager
-    core = client.CoreV1Api(api_client)
-    apps = client.AppsV1Api(api_client)
+    assert kube_cluster.with_controller_manager
+    core = client.CoreV1Api(k8s)
+    apps = client.AppsV1Api(k8s)
     ns = f"smoke-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     labels = {"app": "smoke"}
@@ -109,7 +87,7 @@ def test_controller_manager_creates_replicaset(
 
     assert owned, (
         "no ReplicaSet created for the Deployment within 60s; controller-manager log: "
-        f"{kube_env.log_tail('kube-controller-manager')}"
+        f"{kube_cluster.log_tail('kube-controller-manager')}"
     )
     spec = owned[0].spec
     assert spec is not None

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -46,6 +50,16 @@ def test_import_direction(folder: str, forbidden: tuple[str, ...]) -> None:
     assert not offenders
 
 
+def test_only_the_shared_client_imports_the_kubernetes_client() -> None:
+    importers = sorted(
+        str(path.relative_to(REPO_ROOT))
+        for folder in ("airuntime", "operator")
+        for path in (REPO_ROOT / folder).rglob("*.py")
+        if any(name.split(".")[0] == "kubernetes" for name in _imported_modules(path))
+    )
+    assert importers == ["airuntime/k8s/client.py"]
+
+
 def test_settings_from_env() -> None:
     settings = OperatorSettings.from_env(
         {
@@ -85,3 +99,46 @@ def test_settings_from_env() -> None:
 def test_bad_settings_are_refused_with_the_name(environ: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         OperatorSettings.from_env(environ)
+
+
+def test_every_setting_is_documented_with_its_variable() -> None:
+    from airuntime_operator.settings import env_var
+
+    for name, field in OperatorSettings.model_fields.items():
+        assert field.description, f"{name} has no documentation"
+        assert f"``{env_var(name)}" in field.description, f"{name} does not name its variable"
+
+
+def test_settings_are_read_from_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRUNTIME_REDIS_URL", "redis://from-env:6379/0")
+    monkeypatch.setenv("AIRUNTIME_OPERATOR_SCALE_IN", "0")
+    monkeypatch.setenv("AIRUNTIME_OPERATOR_EXTRA_LABELS", "team=ml, cost-center=42")
+
+    for settings in (OperatorSettings(), OperatorSettings.from_env()):
+        assert settings.redis_url == "redis://from-env:6379/0"
+        assert settings.scale_in is False
+        assert settings.extra_labels == {"team": "ml", "cost-center": "42"}
+    assert OperatorSettings(scale_in=True).scale_in is True  # arguments win
+
+
+def test_default_runtime_image_is_the_installed_release() -> None:
+    settings = OperatorSettings.from_env({"AIRUNTIME_REDIS_URL": "redis://r"})
+    assert settings.runtime_image == f"ghcr.io/airuntime/airuntime:{version('airuntime')}"
+
+
+def test_airt_operator_refuses_bad_settings_with_exit_2_naming_variable_and_value() -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRUNTIME_")},
+        "AIRUNTIME_REDIS_URL": "redis://r",
+        "AIRUNTIME_OPERATOR_RETENTION": "soon",
+        "AIRUNTIME_OPERATOR_GC_INTERVAL": "-1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "airuntime.cli", "operator"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "AIRUNTIME_OPERATOR_RETENTION must be a number, not 'soon'" in result.stderr
+    assert "AIRUNTIME_OPERATOR_GC_INTERVAL='-1': gc_interval_seconds must be positive" in (
+        result.stderr
+    )

@@ -24,6 +24,12 @@ def _selector(prefix: str) -> str:
     return f"app.kubernetes.io/name=airuntime-runtime,airuntime.io/prefix={prefix}"
 
 
+def _condition(status: dict[str, Any], type_: str, value: str) -> dict[str, Any] | None:
+    """The status's condition ``type_`` once its status is ``value``."""
+    found = [c for c in status.get("conditions", []) if c["type"] == type_]
+    return found[0] if found and found[0]["status"] == value else None
+
+
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return dict(container)
@@ -66,7 +72,12 @@ async def test_pool_becomes_deployment_with_service_account_and_service(
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Reconciled": "True",
         "TenantSettingsPublished": "True",
+        "Ready": "False",  # no kubelet runs the pods
     }
+    (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == "ReplicasUnavailable"
+    assert ready["message"] == f"0/2 replicas of Deployment {prefix} are available."
+    assert cluster.pool_columns(namespace, "pool")["Status"] == "ReplicasUnavailable"
     settings = await registry.tenant(tenant)
     assert settings.runtime_prefix == prefix
     assert settings.isolation_mode is IsolationMode.DEDICATED
@@ -188,6 +199,13 @@ async def test_ready_replicas_follow_the_deployment(cluster: Cluster, namespace:
         lambda: cluster.pool_status(namespace, "pool").get("readyReplicas") == 1,
         what="readyReplicas == 1",
     )
+    ready = await eventually(
+        lambda: _condition(cluster.pool_status(namespace, "pool"), "Ready", "True"),
+        what="the pool Ready",
+    )
+    assert ready["reason"] == "ReplicasAvailable"
+    assert ready["message"].startswith(f"1/1 replicas of Deployment {prefix} are available")
+    assert cluster.pool_columns(namespace, "pool")["Status"] == "ReplicasAvailable"
 
 
 async def test_delete_removes_objects_tenant_settings_and_registry_entries(
@@ -211,3 +229,21 @@ async def test_delete_removes_objects_tenant_settings_and_registry_entries(
         assert cluster.read(kind, namespace, name) is None, f"{kind} {name} still exists"
     assert tenant not in await registry.tenant_ids()
     assert await registry.list_by_prefix(prefix) == []
+
+
+async def test_ready_turns_false_when_the_deployment_is_gone(
+    cluster: Cluster, namespace: str
+) -> None:
+    prefix = unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(unique("tenant"), prefix))
+    await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
+
+    cluster.apps.delete_namespaced_deployment(prefix, namespace)
+
+    def not_found() -> dict[str, Any] | None:
+        ready = _condition(cluster.pool_status(namespace, "pool"), "Ready", "False")
+        return ready if ready and ready["reason"] == "DeploymentNotFound" else None
+
+    ready = await eventually(not_found, what="Ready False: DeploymentNotFound")
+    assert ready["message"] == f"Deployment {prefix} does not exist."
+    assert cluster.pool_columns(namespace, "pool")["Status"] == "DeploymentNotFound"

@@ -7,8 +7,11 @@ the operator to scale the tenant's RuntimePool and mark the resource Fulfilled w
 the new instance id (or Rejected with a reason). The requeue service then puts the
 shared run back into the shared queue, exactly as with the local provider.
 
-The ``kubernetes`` client is an optional dependency (``pip install airuntime[kubernetes]``)
-and is imported lazily; its blocking calls run in a thread.
+The resource is built from the contract's models (:mod:`airuntime.k8s.v1alpha1`), so
+it is validated before it is sent, and it travels through the client the operator
+uses too (:mod:`airuntime.k8s.client`). That client needs the optional ``kubernetes``
+extra (``pip install 'airuntime[kubernetes]'``): importing this module without it
+raises ImportError, which ``airt control-plane`` reports.
 """
 
 from __future__ import annotations
@@ -16,24 +19,23 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, Final
 
-from airuntime.control_plane.scale_out import ScaleOutRejected, ScaleOutRequest
+from pydantic import ValidationError
 
-GROUP, VERSION, PLURAL = "airuntime.io", "v1alpha1", "scaleoutrequests"
+from airuntime.control_plane.scale_out.requests import ScaleOutRejected, ScaleOutRequest
+from airuntime.k8s.client import SCALE_OUT_REQUEST_KIND, ApiError, KubeApi, load_configuration
+from airuntime.k8s.v1alpha1 import (
+    LABEL_PREFIX,
+    LABEL_TENANT,
+    ScaleOutPhase,
+    ScaleOutRequestSpec,
+    TenantSettingsSnapshot,
+    scale_out_request_manifest,
+)
 
-
-def _load_client(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
-
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    else:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-    return client.CustomObjectsApi()
+FIELD_MANAGER: Final = "airuntime-control-plane"
+"""User agent (and field manager) of the control plane's requests to the API server."""
 
 
 class KubernetesScaleOutProvider:
@@ -48,86 +50,65 @@ class KubernetesScaleOutProvider:
         kubeconfig: str | None = None,
         timeout_s: float = 300.0,
         poll_s: float = 0.5,
-        api: Any = None,
+        kube: KubeApi | None = None,
     ) -> None:
         self.namespace = namespace or os.environ.get("AIRUNTIME_NAMESPACE") or "default"
         self.timeout_s = timeout_s
         self.poll_s = poll_s
-        self.api = api or _load_client(kubeconfig)
+        self.kube = kube or KubeApi(
+            load_configuration(kubeconfig, fall_back_to_kubeconfig=True),
+            field_manager=FIELD_MANAGER,
+            threads=4,
+        )
 
     def manifest(self, req: ScaleOutRequest) -> dict[str, Any]:
-        t = req.tenant_settings
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "ScaleOutRequest",
-            "metadata": {
-                "name": req.request_id,
-                "labels": {
-                    "airuntime.io/tenant": req.tenant_id,
-                    "airuntime.io/prefix": req.runtime_prefix,
-                },
-            },
-            "spec": {
-                "tenantId": req.tenant_id,
-                "runtimePrefix": req.runtime_prefix,
-                "sharedRunId": req.shared_run_id,
-                "requestedInstances": req.requested_instances,
-                "tenantSettings": {
-                    "tenantId": t.tenant_id,
-                    **({"tenantGroupId": t.tenant_group_id} if t.tenant_group_id else {}),
-                    "isolationMode": t.isolation_mode.value,
-                    "preferDedicated": t.prefer_dedicated,
-                    "allowSharedFallback": t.allow_shared_fallback,
-                    "maxInstances": t.max_instances,
-                    "runtimePrefix": t.runtime_prefix,
-                    "workersPerInstance": t.workers_per_instance,
-                    "maxConcurrentRuns": t.max_concurrent_runs,
-                    "queueCapacity": t.queue_capacity,
-                    "maxLocalWorkersPerExecution": t.max_local_workers_per_execution,
-                    "maxConcurrentStepTasks": t.max_concurrent_step_tasks,
-                },
-            },
-        }
+        """The ScaleOutRequest resource of ``req`` (raises ValidationError when invalid)."""
+        spec = ScaleOutRequestSpec(
+            tenant_id=req.tenant_id,
+            runtime_prefix=req.runtime_prefix,
+            shared_run_id=req.shared_run_id,
+            requested_instances=req.requested_instances,
+            tenant_settings=TenantSettingsSnapshot.of(req.tenant_settings),
+        )
+        labels = {LABEL_TENANT: req.tenant_id, LABEL_PREFIX: req.runtime_prefix}
+        return scale_out_request_manifest(req.request_id, self.namespace, spec, labels=labels)
 
     async def fulfil(self, request: ScaleOutRequest) -> str:
-        from kubernetes.client.exceptions import ApiException
-
-        body = self.manifest(request)
-        try:
-            await asyncio.to_thread(
-                self.api.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                body,
-            )
-        except ApiException as exc:
-            if exc.status != 409:  # 409: created by an earlier attempt; just wait for it
-                raise ScaleOutRejected(
-                    f"the API server refused ScaleOutRequest {request.request_id}: "
-                    f"{exc.status} {exc.reason}"
-                ) from None
+        await self._create(request)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            obj = await asyncio.to_thread(
-                self.api.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                request.request_id,
-            )
+            obj = await self.kube.get(SCALE_OUT_REQUEST_KIND, self.namespace, request.request_id)
+            if obj is None:
+                raise ScaleOutRejected(
+                    f"ScaleOutRequest {request.request_id} was deleted before a verdict"
+                )
             status = obj.get("status") or {}
             phase = status.get("phase")
-            if phase == "Fulfilled" and status.get("fulfilledRuntimeInstanceId"):
+            if phase == ScaleOutPhase.FULFILLED and status.get("fulfilledRuntimeInstanceId"):
                 return str(status["fulfilledRuntimeInstanceId"])
-            if phase == "Rejected":
+            if phase == ScaleOutPhase.REJECTED:
                 raise ScaleOutRejected(status.get("reason") or "rejected by the operator")
             await asyncio.sleep(self.poll_s)
         raise ScaleOutRejected(
             f"ScaleOutRequest {request.request_id} not fulfilled within {self.timeout_s} s"
         )
 
+    async def _create(self, request: ScaleOutRequest) -> None:
+        """File the resource; one created by an earlier attempt is simply waited for."""
+        try:
+            body = self.manifest(request)
+        except ValidationError as exc:
+            raise ScaleOutRejected(
+                f"ScaleOutRequest {request.request_id} would be invalid: {exc}"
+            ) from None
+        try:
+            await self.kube.create(SCALE_OUT_REQUEST_KIND, self.namespace, body)
+        except ApiError as exc:
+            if exc.status != 409:  # 409: created by an earlier attempt; just wait for it
+                raise ScaleOutRejected(
+                    f"the API server refused ScaleOutRequest {request.request_id}: "
+                    f"{exc.status} {exc.reason}"
+                ) from None
+
     async def close(self) -> None:
-        return None
+        self.kube.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from enum import StrEnum
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -20,13 +19,7 @@ from airuntime.control_plane.json_records import update_record
 from airuntime.core import keys
 from airuntime.core.errors import AirError
 from airuntime.fleet.tenancy import TenantSettings
-
-
-class ScaleOutPhase(StrEnum):
-    PENDING = "Pending"
-    OBSERVED = "Observed"
-    FULFILLED = "Fulfilled"
-    REJECTED = "Rejected"
+from airuntime.k8s.v1alpha1 import ScaleOutPhase as ScaleOutPhase  # the contract's, re-exported
 
 
 class ScaleOutRequest(BaseModel):

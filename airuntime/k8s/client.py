@@ -1,18 +1,24 @@
-"""A small asyncio facade over the Kubernetes REST API, with plain dicts in and out.
+"""The one Kubernetes API client of airuntime: an asyncio facade, plain dicts in and out.
 
-Why this exists: kopf talks to the API server for the resources it handles, but the
-operator also has to create and patch *other* objects (Deployments, Services, the
-pools a scale-out request scales). The official ``kubernetes`` client is
-synchronous and converts everything to generated model classes; here it is used
-only for what it does well -- loading kubeconfig / in-cluster credentials,
-refreshing tokens, TLS -- while requests and answers stay JSON dicts, and the
-blocking calls run on a bounded thread pool so the event loop never waits.
+Why this exists: two parts of airuntime talk to the API server -- the operator
+(which creates and patches Deployments, Services and the pools a scale-out request
+scales, besides what kopf handles) and the control plane's ``kubernetes`` scale-out
+provider (which files ScaleOutRequests and waits for their verdict). Both use this
+module. The official ``kubernetes`` client is synchronous and converts everything
+to generated model classes; here it is used only for what it does well -- loading
+kubeconfig / in-cluster credentials, refreshing tokens, TLS -- while requests and
+answers stay JSON dicts (built from :mod:`airuntime.k8s.v1alpha1`'s models), and
+the blocking calls run on a bounded thread pool so the event loop never waits.
 
 Objects are written with server-side apply (one request creates or updates, and
 an unchanged object is not even touched), or with JSON merge patches carrying
 ``metadata.resourceVersion`` where a read-modify-write must not lose a concurrent
 update (the API server answers 409 Conflict, surfaced as :class:`ApiError` with
-``conflict`` true, which the handlers turn into a kopf retry with backoff).
+``conflict`` true; the operator turns it into a kopf retry with backoff).
+
+This is the only module of airuntime that imports the ``kubernetes`` package (the
+optional ``kubernetes`` extra); nothing that ``airt`` imports at start-up imports
+this module, and it knows nothing of kopf.
 """
 
 from __future__ import annotations
@@ -25,14 +31,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
-import kopf
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
+from airuntime.k8s.v1alpha1 import RUNTIME_POOL, SCALE_OUT_REQUEST, CrdNames
 
 __all__ = [
     "CONFIG_MAP",
     "DEPLOYMENT",
     "POD",
+    "RUNTIME_POOL_KIND",
+    "SCALE_OUT_REQUEST_KIND",
     "SERVICE",
     "SERVICE_ACCOUNT",
     "ApiError",
@@ -50,6 +59,11 @@ class Kind:
     kind: str
     plural: str
     namespaced: bool = True
+
+    @classmethod
+    def of(cls, names: CrdNames) -> Kind:
+        """The kind of one of airuntime's custom resources (all namespaced)."""
+        return cls(names.api_version, names.kind, names.plural)
 
     def path(
         self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
@@ -73,6 +87,8 @@ SERVICE: Final = Kind("v1", "Service", "services")
 SERVICE_ACCOUNT: Final = Kind("v1", "ServiceAccount", "serviceaccounts")
 CONFIG_MAP: Final = Kind("v1", "ConfigMap", "configmaps")
 POD: Final = Kind("v1", "Pod", "pods")
+RUNTIME_POOL_KIND: Final = Kind.of(RUNTIME_POOL)
+SCALE_OUT_REQUEST_KIND: Final = Kind.of(SCALE_OUT_REQUEST)
 _BY_KIND: Final = {k.kind: k for k in (DEPLOYMENT, SERVICE, SERVICE_ACCOUNT, CONFIG_MAP, POD)}
 
 
@@ -104,15 +120,30 @@ class ApiError(Exception):
         return self.status in (400, 422)
 
 
-def load_configuration(kubeconfig: str | None) -> k8s_client.Configuration:
-    """Credentials from ``kubeconfig``, or the in-cluster service account when ``None``."""
+def load_configuration(
+    kubeconfig: str | None, *, fall_back_to_kubeconfig: bool = False
+) -> k8s_client.Configuration:
+    """Credentials from ``kubeconfig``, or the in-cluster service account when ``None``.
+
+    With ``fall_back_to_kubeconfig``, a process that runs outside a cluster (no service
+    account) uses the default kubeconfig instead (``$KUBECONFIG``, ``~/.kube/config``):
+    the control plane runs anywhere, the operator only ever in a pod or with an
+    explicit kubeconfig.
+    """
     configuration = k8s_client.Configuration()
     if kubeconfig:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=kubeconfig, client_configuration=configuration
         )
-    else:
+        return configuration
+    try:
         k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    except k8s_config.ConfigException:
+        if not fall_back_to_kubeconfig:
+            raise
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
             client_configuration=configuration
         )
     return configuration
@@ -140,21 +171,6 @@ class KubeApi:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._client.close()  # type: ignore[no-untyped-call]
-
-    def connection_info(self) -> kopf.ConnectionInfo:
-        """The same credentials, for kopf's own API client (the login handler)."""
-        cfg = self.configuration
-        header = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-        scheme, _, token = (header or "").rpartition(" ")
-        return kopf.ConnectionInfo(
-            server=cfg.host,
-            ca_path=cfg.ssl_ca_cert,
-            insecure=not cfg.verify_ssl,
-            scheme=scheme or ("Bearer" if token else None),
-            token=token or None,
-            certificate_path=cfg.cert_file,
-            private_key_path=cfg.key_file,
-        )
 
     # -- generic verbs -------------------------------------------------------------
 
