@@ -508,8 +508,11 @@ class KubeTestEnv:
             # controller-manager has created the namespace's "default"
             # ServiceAccount; without it no pod could be created at all. A real
             # node (tests/k8s_node.py) needs it: it mounts the pods' API tokens.
-            *(() if self.service_account_admission
-              else ("--disable-admission-plugins=ServiceAccount",)),
+            *(
+                ()
+                if self.service_account_admission
+                else ("--disable-admission-plugins=ServiceAccount",)
+            ),
             "--allow-privileged=true",
             # The master-endpoint reconciler cannot publish a loopback address
             # in the "kubernetes" Endpoints (validation rejects 127.0.0.0/8).

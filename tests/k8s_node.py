@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_env import KubeTestEnv, KubeTestEnvError, _free_port, _Process
+from tests.k8s_env import SERVICE_CLUSTER_IP_RANGE, KubeTestEnv, KubeTestEnvError, _free_port, _Process
 
 __all__ = [
     "NODE_NAME",
@@ -91,7 +91,10 @@ def node_unavailable() -> str | None:
             return f"{tool} is not installed (apt-get install containerd runc iptables)"
     for plugin in ("bridge", "host-local", "loopback"):
         if not os.access(CNI_BIN / plugin, os.X_OK):
-            return f"CNI plugin {CNI_BIN / plugin} missing (apt-get install containernetworking-plugins)"
+            return (
+                f"CNI plugin {CNI_BIN / plugin} missing"
+                " (apt-get install containernetworking-plugins)"
+            )
     return None
 
 
@@ -102,7 +105,9 @@ def node_binaries(*, timeout: float = 3600.0) -> Path:
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise NodeUnavailable(f"{NODE_SCRIPT.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise NodeUnavailable(
+            f"{NODE_SCRIPT.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
     return Path(lines[-1])
 
 
@@ -235,10 +240,22 @@ def _owner_alive(path: Path) -> bool:
     return True
 
 
+def _pod_cgroup_pids() -> list[int]:
+    """Processes of the pods of a node (the kubelet's ``/kubepods`` cgroups): a killed run
+    leaves its containers behind when their shims die. One node per machine (the lock),
+    so every process there is one of ours."""
+    pids: list[int] = []
+    for procs in Path("/sys/fs/cgroup/memory/kubepods").rglob("cgroup.procs"):
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(p) for p in procs.read_text().split()]
+    return pids
+
+
 def _remove_stale_runs(parent: Path) -> None:
     for path in parent.glob(f"{_WORKDIR_PREFIX}*"):
         if path.is_dir() and not _owner_alive(path):
             _kill_pids(_pids_referring_to(path))
+            _kill_pids(_pod_cgroup_pids())
             _unmount_all(path)
             for netns in _read_lines(path / "netns.txt"):
                 subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
@@ -384,7 +401,8 @@ class KubeNode:
             forwards.append((REDIS_SERVICE_IP, 6379, self.redis_port))
         for ip, port, target in forwards:
             _run("iptables", "-t", "nat", "-A", CHAIN, "-d", f"{ip}/32", "-p", "tcp",
-                 "--dport", str(port), "-j", "DNAT", "--to-destination", f"127.0.0.1:{target}")  # fmt: skip
+                 "--dport", str(port), "-j", "DNAT",
+                 "--to-destination", f"127.0.0.1:{target}")  # fmt: skip
         _run("iptables", "-t", "nat", "-I", "PREROUTING", "-j", CHAIN)
         _run("iptables", "-t", "nat", "-I", "OUTPUT", "-j", CHAIN)
         cni = self.workdir / "cni"
@@ -396,7 +414,10 @@ class KubeNode:
                 "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {"type": "host-local", "dataDir": str(self.workdir / "ipam"),
-                         "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]]},
+                         "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                         # No default route: pods reach their subnet and the service
+                         # range (the virtual IPs above), nothing beyond this machine.
+                         "routes": [{"dst": SERVICE_CLUSTER_IP_RANGE}]},
             }],
         }, indent=2))  # fmt: skip
 
@@ -506,7 +527,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            # The API server reaches the kubelet (logs, exec) at the node's InternalIP.
+            "address": POD_GATEWAY,
             "port": _free_port(),
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -527,6 +549,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             "syncFrequency": "10s",
             "fileCheckFrequency": "10s",
             "registerNode": True,
+            "podLogsDir": str(self.workdir / "pod-logs"),
             "enableServer": True,
             "makeIPTablesUtilChains": False,
         }  # fmt: skip
@@ -545,10 +568,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         self._wait(proc, "the Node to be Ready", self._node_ready)
 
     def _node_ready(self) -> bool:
-        out = _run(str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.env.kubeconfig_path), "get", "node", NODE_NAME,
-                   "-o", "json", check=False)  # fmt: skip
+        out = _run(str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.env.kubeconfig_path),
+                   "get", "node", NODE_NAME, "-o", "json", check=False)  # fmt: skip
         if out.returncode != 0:
             return False
         conditions = json.loads(out.stdout).get("status", {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
