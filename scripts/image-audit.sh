@@ -12,7 +12,10 @@
 # Debian packages (python3-pip/setuptools: Debian patches those without changing the
 # upstream version number, which pip-audit cannot see).
 #
-# Environment: PIP_AUDIT (default: pip-audit on PATH).
+# When no package could be looked up at all (the vulnerability service unreachable), it
+# says SKIPPED and exits 0, or 1 with AIRUNTIME_AUDIT_STRICT=1.
+#
+# Environment: PIP_AUDIT (default: pip-audit on PATH), AIRUNTIME_AUDIT_STRICT.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,6 +45,7 @@ rc=0
     --progress-spinner off --format json --output "$work/audit.json" || rc=$?
 [[ -s "$work/audit.json" ]] || { log "ERROR: pip-audit produced no report (exit $rc)"; exit 2; }
 
+set +e
 python3 - "$work/audit.json" <<'EOF'
 import json
 import sys
@@ -62,5 +66,18 @@ for dep in skipped:
     print(f"  not audited: {dep['name']}: {dep['skip_reason']}")
 for line in fixable:
     print(f"  FIXABLE: {line}")
+if deps and len(skipped) == len(deps):
+    # Nothing could be looked up: the vulnerability service did not answer for any
+    # package (e.g. a network whose PyPI proxy serves only /simple and /pypi/NAME/json,
+    # not the per-version /pypi/NAME/VERSION/json that pip-audit reads).
+    print("SKIPPED: pip-audit could not reach vulnerability data for any package; "
+          "nothing was audited (AIRUNTIME_AUDIT_STRICT=1 makes this an error)")
+    sys.exit(3)
 sys.exit(1 if fixable else 0)
 EOF
+status=$?
+if ((status == 3)); then
+    [[ "${AIRUNTIME_AUDIT_STRICT:-0}" == 1 ]] && exit 1
+    exit 0
+fi
+exit "$status"

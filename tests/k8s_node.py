@@ -49,7 +49,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_env import SERVICE_CLUSTER_IP_RANGE, KubeTestEnv, KubeTestEnvError, _free_port, _Process
+from tests.k8s_env import (
+    SERVICE_CLUSTER_IP_RANGE,
+    KubeTestEnv,
+    KubeTestEnvError,
+    _free_port,
+    _Process,
+)
 
 __all__ = [
     "NODE_NAME",

@@ -382,6 +382,7 @@ def test_runs_scale_out_to_pods_from_the_image_and_complete_on_their_prefix(
         assert not missing, f"runs of {missing} did not finish within {RUN_DEADLINE:g} s"
         check_placement(cluster.submitted, cluster.results)
         requests = {r["spec"]["tenantId"]: r for r in cluster.list_custom("scaleoutrequests")}
+
         def runtime_pods_ready() -> dict[str, dict[str, Any]]:
             # The run may complete before the kubelet's first readiness probe (period 5 s):
             # the control plane dispatches as soon as the runtime registers in Redis.
@@ -471,8 +472,13 @@ def test_helm_uninstall_leaves_nothing_behind(step: Cluster) -> None:
     def body() -> None:
         from kubernetes import client
 
-        # RuntimePools carry the operator's finalizer: delete them while it runs.
+        # The README's procedure: RuntimePools carry the operator's finalizer, delete them
+        # while it runs; ScaleOutRequests are runtime records of the control plane (not
+        # objects of the release), kept by the operator for retentionSeconds: delete them
+        # too, or they outlive the release.
         cluster.kubectl("delete", "--namespace", NAMESPACE, "-f", str(EXAMPLE_POOLS),
+                        "--wait", "--timeout=120s")  # fmt: skip
+        cluster.kubectl("delete", "--namespace", NAMESPACE, "scaleoutrequests", "--all",
                         "--wait", "--timeout=120s")  # fmt: skip
         cluster.helm_cmd("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
                          "--timeout", "5m")  # fmt: skip
