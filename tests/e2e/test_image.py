@@ -95,3 +95,21 @@ def _inspect(ref: str) -> object:
     import subprocess
 
     return subprocess.run(["podman", "image", "inspect", ref], capture_output=True, text=True)
+
+
+def test_local_containers_start_like_the_image() -> None:
+    """``tests.e2e.cluster.LocalContainer`` (a pod template as a local process, used where
+    no node is needed) gets the final image's entrypoint and ENV (no image needed)."""
+    import shlex
+
+    from tests.e2e.cluster import IMAGE_ENTRYPOINT, IMAGE_ENV
+    from tests.e2e.test_chart import dockerfile_stages
+
+    stages, _ = dockerfile_stages()
+    final = stages[-1]
+    env = dict(
+        item.split("=", 1) for word, args in final if word == "ENV" for item in shlex.split(args)
+    )
+    (entrypoint,) = [json.loads(args) for word, args in final if word == "ENTRYPOINT"]
+    assert tuple(entrypoint) == IMAGE_ENTRYPOINT
+    assert env == IMAGE_ENV
