@@ -255,9 +255,11 @@ class KubeTestEnv:
         with_controller_manager: bool = False,
         startup_timeout: float = 120.0,
         extra_apiserver_args: Sequence[str] = (),
+        service_account_admission: bool = False,
     ) -> None:
         self._bin_dir = Path(bin_dir) if bin_dir is not None else None
         self.with_controller_manager = with_controller_manager
+        self.service_account_admission = service_account_admission
         self.startup_timeout = startup_timeout
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.token = secrets.token_hex(24)
@@ -504,8 +506,13 @@ class KubeTestEnv:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             # The ServiceAccount admission plugin rejects pods until the
             # controller-manager has created the namespace's "default"
-            # ServiceAccount; without it no pod could be created at all.
-            "--disable-admission-plugins=ServiceAccount",
+            # ServiceAccount; without it no pod could be created at all. A real
+            # node (tests/k8s_node.py) needs it: it mounts the pods' API tokens.
+            *(
+                ()
+                if self.service_account_admission
+                else ("--disable-admission-plugins=ServiceAccount",)
+            ),
             "--allow-privileged=true",
             # The master-endpoint reconciler cannot publish a loopback address
             # in the "kubernetes" Endpoints (validation rejects 127.0.0.0/8).

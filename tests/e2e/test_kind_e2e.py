@@ -1,17 +1,21 @@
 """The end-to-end scenario on a kind cluster: the real image, pods and kubelet.
 
 The same scenario as ``tests/e2e/test_cluster_e2e.py`` (one run per tenant mode, every
-run needing a scale-out through a ScaleOutRequest), with nothing run locally: the image
-is built from the repository's Dockerfile (``docker build``) and loaded into the kind
-cluster of ``kind-config.yaml`` (``kind load docker-image``); the chart is installed
-with ``helm install`` (in-cluster Valkey, the control plane on the NodePort that
-``kind-config.yaml`` maps to the host); the RuntimePools are applied with
-``kubectl apply -f``; runs are submitted through the mapped port.
+run needing a scale-out through a ScaleOutRequest), on kind: the image is built from the
+repository's Dockerfile (``docker build``) and loaded into the cluster of
+``kind-config.yaml``; the chart is installed with ``helm install`` (in-cluster Valkey,
+the control plane on the NodePort that ``kind-config.yaml`` maps to the host); the
+RuntimePools are applied with ``kubectl apply -f``; runs are submitted through the
+mapped port.
 
-Skipped, with the reason, unless ``docker`` (with a reachable daemon), ``kind`` and
-``kubectl`` are installed. A cluster named like ``kind-config.yaml``'s that already
-exists is reused and kept; one this test creates is deleted afterwards (unless
-``AIRUNTIME_KIND_KEEP=1``).
+The cluster comes from pytest-kind's :class:`pytest_kind.KindCluster`, pointed at the
+``kind`` and ``kubectl`` that ``scripts/k8s-node-binaries.sh`` builds from the Go module
+proxy (so it never downloads either): it creates the cluster from ``kind-config.yaml``
+(or reuses one of that name, which is then kept) and loads the image. Only the last
+step needs a container engine: without a reachable docker daemon the scenario is
+skipped with the reason, after the fixture's wiring was checked
+(``test_kind_fixture_uses_the_built_binaries``). A cluster this test creates is deleted
+afterwards (unless ``AIRUNTIME_KIND_KEEP=1``).
 """
 
 from __future__ import annotations
@@ -49,10 +53,10 @@ RELEASE = NAMESPACE = "airuntime"
 RUN_DEADLINE = 300.0
 
 
-def _tools_missing() -> str | None:
-    for tool in ("docker", "kind", "kubectl"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
+def docker_missing() -> str | None:
+    """Why kind cannot create a cluster here (it runs its nodes as docker containers)."""
+    if shutil.which("docker") is None:
+        return "docker is not installed"
     try:
         info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -71,53 +75,86 @@ def sh(*argv: str, timeout: float = 900, input_text: str | None = None) -> str:
 
 
 class Kind:
-    def __init__(self, name: str, tmp: Path, helm_path: str) -> None:
-        self.name, self.tmp, self.helm = name, tmp, helm_path
-        self.context = f"kind-{name}"
+    """pytest-kind's cluster plus helm, with the scenario's namespace."""
+
+    def __init__(self, cluster: Any, tmp: Path, helm_path: str) -> None:
+        self.cluster, self.tmp, self.helm = cluster, tmp, helm_path
 
     def kubectl(self, *args: str, input_text: str | None = None) -> str:
-        return sh("kubectl", "--context", self.context, *args, input_text=input_text)
+        return str(self.cluster.kubectl(*args, input=input_text))
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "--namespace", NAMESPACE, "-o", "json"))
 
     def run_helm(self, *args: str, values: dict[str, Any] | None = None) -> str:
-        return run_helm(self.helm, *args, "--kube-context", self.context, values=values,
-                        tmp=self.tmp)  # fmt: skip
+        return run_helm(self.helm, *args, "--kubeconfig", str(self.cluster.kubeconfig_path),
+                        values=values, tmp=self.tmp)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def kind_tools() -> None:
-    """Skips before the ``helm`` fixture (which may build helm) when kind cannot run."""
-    missing = _tools_missing()
-    if missing:
-        pytest.skip(f"kind e2e needs docker, kind and kubectl: {missing}")
+def kind_cluster_object(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A :class:`pytest_kind.KindCluster` for ``kind-config.yaml``'s cluster, using the
+    built ``kind`` and ``kubectl`` (not created yet)."""
+    from pytest_kind import KindCluster
+
+    from tests.k8s_node import NodeUnavailable, node_binaries
+
+    try:
+        bin_dir = node_binaries()
+    except NodeUnavailable as exc:
+        pytest.skip(f"kind and kubectl could not be built: {exc}")
+    name = yaml.safe_load(KIND_CONFIG.read_text())["name"]
+    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
+    return KindCluster(
+        name, kubeconfig, kind_path=bin_dir / "kind", kubectl_path=bin_dir / "kubectl"
+    )
+
+
+def test_kind_fixture_uses_the_built_binaries(kind_cluster_object: Any) -> None:
+    """The fixture's wiring, up to where a container engine is needed: pytest-kind is
+    pointed at built binaries that run, so ``ensure_kind``/``ensure_kubectl`` have
+    nothing to download."""
+    cluster = kind_cluster_object
+    assert cluster.name == yaml.safe_load(KIND_CONFIG.read_text())["name"]
+    for path in (cluster.kind_path, cluster.kubectl_path):
+        assert path.is_file() and os.access(path, os.X_OK), path
+    cluster.ensure_kind()
+    cluster.ensure_kubectl()
+    assert sh(str(cluster.kind_path), "version").startswith("kind v")
+    assert "v1.30" in sh(str(cluster.kubectl_path), "version", "--client")
+    # kind reads kind-config.yaml (this validates it without creating anything).
+    config = yaml.safe_load(KIND_CONFIG.read_text())
+    assert (config["kind"], config["apiVersion"]) == ("Cluster", "kind.x-k8s.io/v1alpha4")
 
 
 @pytest.fixture(scope="module")
 def kind(
-    kind_tools: None,
+    kind_cluster_object: Any,
     helm: str,  # noqa: F811
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Kind]:
-    name = yaml.safe_load(KIND_CONFIG.read_text())["name"]
-    created = name not in sh("kind", "get", "clusters").split()
-    if created:
-        sh("kind", "create", "cluster", "--config", str(KIND_CONFIG), "--wait", "180s")
-    cluster = Kind(name, tmp_path_factory.mktemp("kind"), helm)
+    missing = docker_missing()
+    if missing:
+        pytest.skip(f"kind e2e needs a docker engine: {missing}")
+    cluster = kind_cluster_object
+    created = cluster.name not in sh(str(cluster.kind_path), "get", "clusters").split()
+    cluster.create(config_file=KIND_CONFIG)
+    kind = Kind(cluster, tmp_path_factory.mktemp("kind-helm"), helm)
     try:
         image = f"{IMAGE_REPOSITORY}:{IMAGE_TAG}"
         sh("docker", "build", "-t", image, ".", timeout=1800)
-        sh("kind", "load", "docker-image", image, "--name", name)
-        yield cluster
+        cluster.load_docker_image(image)
+        yield kind
     finally:
-        subprocess.run(["kubectl", "--context", cluster.context, "delete", "runtimepools",
-                        "--all", "--namespace", NAMESPACE, "--timeout=60s"],
+        subprocess.run([str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig_path),
+                        "delete", "runtimepools,scaleoutrequests", "--all",
+                        "--namespace", NAMESPACE, "--timeout=60s"],
                        capture_output=True, timeout=120)  # fmt: skip
-        subprocess.run([helm, "uninstall", RELEASE, "--namespace", NAMESPACE, "--kube-context",
-                        cluster.context], capture_output=True, timeout=300)  # fmt: skip
+        subprocess.run([helm, "uninstall", RELEASE, "--namespace", NAMESPACE,
+                        "--kubeconfig", str(cluster.kubeconfig_path)],
+                       capture_output=True, timeout=300)  # fmt: skip
         if created and os.environ.get("AIRUNTIME_KIND_KEEP") != "1":
-            subprocess.run(["kind", "delete", "cluster", "--name", name], timeout=300)
+            cluster.delete()
 
 
 def test_scenario_on_kind(kind: Kind) -> None:
