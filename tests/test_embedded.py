@@ -323,14 +323,14 @@ def test_retries_with_new_port_when_bind_loses_race(monkeypatch: pytest.MonkeyPa
     with socket.create_server(("127.0.0.1", 0)) as blocker:
         taken = blocker.getsockname()[1]
         handed_out: list[int] = []
-        real_free_port = embedded._free_port
+        real_free_port = embedded.free_port
 
         def racy_free_port() -> int:
             port = taken if len(handed_out) < 2 else real_free_port()
             handed_out.append(port)
             return port
 
-        monkeypatch.setattr(embedded, "_free_port", racy_free_port)
+        monkeypatch.setattr(embedded, "free_port", racy_free_port)
         with EmbeddedServer() as server:
             assert handed_out[:2] == [taken, taken]
             assert len(handed_out) == 3
@@ -346,8 +346,8 @@ def test_port_race_lost_to_another_redis_is_not_mistaken_for_ready(
     with EmbeddedServer() as other:
         assert other.port is not None
         ports = iter([other.port])
-        real_free_port = embedded._free_port
-        monkeypatch.setattr(embedded, "_free_port", lambda: next(ports, None) or real_free_port())
+        real_free_port = embedded.free_port
+        monkeypatch.setattr(embedded, "free_port", lambda: next(ports, None) or real_free_port())
         with EmbeddedServer() as server:
             assert server.port != other.port
             client = sync_client(server.url)
@@ -360,7 +360,7 @@ def test_port_race_lost_to_another_redis_is_not_mistaken_for_ready(
 def test_gives_up_after_bind_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.create_server(("127.0.0.1", 0)) as blocker:
         taken = blocker.getsockname()[1]
-        monkeypatch.setattr(embedded, "_free_port", lambda: taken)
+        monkeypatch.setattr(embedded, "free_port", lambda: taken)
         server = EmbeddedServer(bind_attempts=2)
         with pytest.raises(EmbeddedServerError, match="Address already in use"):
             server.start()

@@ -44,21 +44,17 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import ctypes
 import enum
 import logging
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -68,6 +64,8 @@ import redis
 import redis.asyncio
 
 from airuntime.core.settings import REDIS_URL_ENV
+from airuntime.devstack.child_process import LOOPBACK as _LOOPBACK
+from airuntime.devstack.child_process import SPAWNER, free_port, make_preexec
 
 __all__ = [
     "EmbeddedServer",
@@ -83,11 +81,9 @@ __all__ = [
 
 _LOG = logging.getLogger(__name__)
 
-_LOOPBACK = "127.0.0.1"
 _POLL_INTERVAL = 0.02  # seconds between readiness probes
 _PROBE_TIMEOUT = 0.25  # per-probe socket timeout
 _LOG_TAIL_BYTES = 4000
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class EmbeddedServerError(RuntimeError):
@@ -109,95 +105,6 @@ def default_executable() -> str:
             f"set {REDIS_URL_ENV} to an external Redis/Valkey"
         )
     return path
-
-
-# --------------------------------------------------------------------------- spawning
-
-
-def _make_preexec() -> Callable[[], None] | None:
-    """preexec_fn arming PR_SET_PDEATHSIG=SIGKILL in the child (Linux only).
-
-    Everything that may allocate or take locks (loading libc, resolving ``prctl``)
-    happens here, in the parent, *before* fork; the child only makes the call.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    parent_pid = os.getpid()
-    sigkill = int(signal.SIGKILL)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-        # The parent may have died between fork() and prctl(): then we were already
-        # re-parented and the death signal will never come.
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), sigkill)
-
-    return preexec
-
-
-_Job = tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]
-
-
-class _Spawner:
-    """Runs ``Popen`` on a thread that lives as long as the process.
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the
-    process.  Spawning from e.g. an ``asyncio.to_thread`` worker would tie the
-    server's life to that pool thread (and asyncio shuts its default executor down
-    at the end of ``asyncio.run``).  So calls from the main thread spawn directly,
-    and calls from any other thread are forwarded to one daemon thread that is
-    never joined.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Job] | None = None
-        self._pid = 0
-
-    def spawn(self, fn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        if threading.current_thread() is threading.main_thread():
-            return fn()
-        fut: Future[subprocess.Popen[bytes]] = Future()
-        self._ensure_thread().put((fn, fut))
-        return fut.result()
-
-    def _ensure_thread(self) -> queue.SimpleQueue[_Job]:
-        with self._lock:
-            if self._queue is None or self._pid != os.getpid():  # new, or forked child
-                self._queue = queue.SimpleQueue()
-                self._pid = os.getpid()
-                threading.Thread(
-                    target=self._run,
-                    args=(self._queue,),
-                    name="airuntime-spawner",
-                    daemon=True,
-                ).start()
-            return self._queue
-
-    @staticmethod
-    def _run(q: queue.SimpleQueue[_Job]) -> None:
-        while True:
-            fn, fut = q.get()
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:
-                fut.set_exception(exc)
-
-
-_SPAWNER = _Spawner()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 class _Probe(enum.Enum):
@@ -449,9 +356,9 @@ class EmbeddedServer:
         self._cleanup_runtime_dir()
         runtime_dir = Path(tempfile.mkdtemp(prefix="airt-redis-"))
         self._runtime_dir = runtime_dir
-        self._port = None if self.unix_socket else _free_port()
+        self._port = None if self.unix_socket else free_port()
         argv = self._argv(runtime_dir, self._port or 0)
-        preexec = _make_preexec()
+        preexec = make_preexec()
         log_path = runtime_dir / "server.log"
 
         def popen() -> subprocess.Popen[bytes]:
@@ -468,7 +375,7 @@ class EmbeddedServer:
                     preexec_fn=preexec,
                 )
 
-        self._proc = _SPAWNER.spawn(popen)
+        self._proc = SPAWNER.spawn(popen)
         _LOG.debug("spawned %s (pid %d)", argv, self._proc.pid)
 
     def _probe(self) -> _Probe:
