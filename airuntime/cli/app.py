@@ -7,7 +7,7 @@ Why this module is small: each command group lives in its own module
 :mod:`~airuntime.cli.examples`), with what they share in :mod:`~airuntime.cli.common`.
 Deployables that ``airuntime`` must not import (``runtime_pod``, the operator) add
 their commands through the ``airuntime.commands`` entry-point group, so the import
-direction of DESIGN §3 holds while one ``airt`` serves them all.
+direction of docs/architecture.md §4 holds while one ``airt`` serves them all.
 
 Exit codes: 0 success, 1 an execution failed or was cancelled, 2 invalid input
 (pipeline file, options, settings).

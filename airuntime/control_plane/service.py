@@ -2,16 +2,15 @@
 
 :class:`ControlPlane` wires the shared run store, the shared queue, admission, the
 dispatcher and pump, the scale-out watcher and the fulfilled-run requeuer. Submit
-modes (the reference's ``AiSharedRuntimeController:SubmitMode``):
+modes:
 
 * ``QueueFirst`` — the run becomes QueuedGlobally with a Pending queue item; no
   RunId, no ExecutionId until a pump dispatches it;
 * ``DirectDispatch`` — admission runs at once and its decision is kept
   (AssignToInstance / QueueGlobally / RequestScaleOut / Reject).
 
-Settings equivalent to ``AiSharedQueuePump:Enabled`` (manual drain allowed),
-``EnableSharedQueuePump`` and ``AiSharedQueueBackgroundService:Enabled`` (the
-background pump with its readiness gate) are fields of :class:`ControlPlaneSettings`.
+Whether manual drain is allowed and whether the background pump (with its readiness
+gate) runs are fields of :class:`~airuntime.control_plane.settings.ControlPlaneSettings`.
 """
 
 from __future__ import annotations

@@ -54,14 +54,12 @@ class _BehaviourFields(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     submit_mode: SubmitMode = SubmitMode.QUEUE_FIRST
-    """How ``submit`` places a run (``AiSharedRuntimeController:SubmitMode``); default
-    QueueFirst: into the shared queue, the pump dispatches it."""
+    """How ``submit`` places a run; default QueueFirst: into the shared queue, the pump
+    dispatches it."""
     pump_enabled: bool = True
-    """Manual drain allowed (``AiSharedQueuePump:Enabled`` / ``EnableSharedQueuePump``);
-    default true."""
+    """Manual drain allowed (default true)."""
     background_pump: bool = True
-    """Pump continuously after the readiness gate (``AiSharedQueueBackgroundService:Enabled``);
-    default true."""
+    """Pump continuously after the readiness gate (default true)."""
     scale_out_enabled: bool = True
     """Admission may answer RequestScaleOut (default true)."""
 

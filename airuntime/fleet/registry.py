@@ -36,7 +36,7 @@ class InstanceStatus(StrEnum):
 
 
 class CapacityDescriptor(BaseModel):
-    """What an instance can take right now (DESIGN §5 "Capacity")."""
+    """What an instance can take right now (docs/architecture.md §8)."""
 
     model_config = ConfigDict(extra="forbid")
 

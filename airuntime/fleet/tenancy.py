@@ -1,7 +1,7 @@
 """Tenant settings and the visibility rules between tenants and runtime instances.
 
 A runtime instance is *visible* to a tenant when the tenant's runs may be
-dispatched onto it, and its runs read or cancelled through it. The rules (DESIGN §5
+dispatched onto it, and its runs read or cancelled through it. The rules (docs/architecture.md §8
 "Tenancy") are:
 
 * a ``Shared`` runtime is visible to Shared/default tenants, and to Hybrid or

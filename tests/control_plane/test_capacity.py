@@ -1,4 +1,4 @@
-"""Worker capacity as the control plane sees it (DESIGN §5 "Capacity", reference 000_*).
+"""Worker capacity as the control plane sees it (docs/architecture.md §8).
 
 A latch handler holds steps open, so the state is observed, not timed: the capacity
 descriptor in the registry shows WorkerCount / ActiveWorkerCount /

@@ -1,4 +1,4 @@
-"""Every engine rule of DESIGN §5, exercised on the Lua transitions of a real server.
+"""Every engine rule of docs/architecture.md §6, exercised on the Lua transitions of a real server.
 
 Each test runs once on the embedded Valkey and once on Debian's redis-server 7.
 """

@@ -1,4 +1,4 @@
-"""Run status / cancel isolation between tenants (reference 000_*, DESIGN §5 "Tenancy").
+"""Run status / cancel isolation between tenants (docs/architecture.md §8).
 
 By SharedRunId (control plane) and by RunId (runtime queue control): the caller's
 tenant is checked against the stored snapshot / tenant-aware run index *before*

@@ -1,4 +1,4 @@
-"""Tenant visibility of runtime instances (DESIGN §5 "Tenancy", reference 000_*).
+"""Tenant visibility of runtime instances (docs/architecture.md §8).
 
 The rules, first as a table over :func:`airuntime.fleet.tenancy.is_visible`, then through
 the real Redis registry (``list_visible``) and dispatch-time admission, which only
