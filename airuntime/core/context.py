@@ -22,18 +22,24 @@ _TENANT_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
 class ExecutionContextSnapshot(BaseModel):
-    """Durable identity of a run: tenant, group, user, project, namespaces."""
+    """Durable identity of a run: tenant, group, user, project, namespaces.
+
+    ``current_namespace`` is the namespace the run acts in; ``namespaces`` are the
+    namespaces (or resource names) it may touch. Neither partitions anything: only
+    ``tenant_id`` does.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant_id: str = Field(pattern=_TENANT_PATTERN, description="Durable tenant boundary.")
     tenant_group_id: str | None = Field(default=None, pattern=_TENANT_PATTERN)
-    user_id: str | None = None
-    project: str | None = None
+    user_id: str | None = Field(default=None, max_length=200)
+    project: str | None = Field(default=None, max_length=200)
     context_key: str | None = Field(
-        default=None, description="RBAC correlation key; never a partition key."
+        default=None, max_length=200, description="RBAC correlation key; never a partition key."
     )
-    namespaces: tuple[str, ...] = ()
+    current_namespace: str | None = Field(default=None, max_length=253)
+    namespaces: tuple[str, ...] = Field(default=(), max_length=64)
 
     @field_validator("namespaces")
     @classmethod

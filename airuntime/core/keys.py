@@ -74,6 +74,14 @@ Global:
 ``air:{r:<inst>}:reservations`` zset admission reservations of an instance's run slots.
 ``air:scaleout:<id>``       string  ScaleOutRequest JSON; ``air:scaleouts`` zset index.
 ``air:control-plane``       string  control-plane discovery descriptor (TTL).
+``air:run-outcomes``        stream  one entry per finished runtime run (RunOutcome):
+                                    runtimes write it with the run's terminal record, the
+                                    control plane reads it (consumer group) to end the
+                                    shared run.
+``air:control``             pubsub  channel: execution id of every control change
+                                    (pause/resume/cancel), so workers react at once.
+``air:suspect:<inst>``      hash    delivery failures of an instance; while its TTL runs
+                                    admission skips the instance (circuit breaker).
 ==========================  ======  ========================================================
 """
 
@@ -278,3 +286,18 @@ def scale_out_requests() -> str:
 
 def control_plane() -> str:
     return f"{PREFIX}:control-plane"
+
+
+def run_outcomes() -> str:
+    """Stream of finished runtime runs, read by the control plane."""
+    return f"{PREFIX}:run-outcomes"
+
+
+def control_channel() -> str:
+    """Pub/sub channel announcing execution control changes (payload: execution id)."""
+    return f"{PREFIX}:control"
+
+
+def suspect_instance(instance_id: str) -> str:
+    """Delivery-failure record of an instance that admission should skip for a while."""
+    return f"{PREFIX}:suspect:{instance_id}"

@@ -17,13 +17,29 @@ the single place that compares it with an instance's owner.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from airuntime.core.context import DEFAULT_TENANT
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+DEFAULT_ALLOWED_HANDLERS: tuple[str, ...] = (
+    "noop",
+    "sleep",
+    "echo",
+    "template",
+    "input",
+    "fail",
+    "http",
+)
+"""Handlers a tenant's pipelines may use unless its settings say otherwise: the built-ins
+that run no code a pipeline names (``http`` refuses internal addresses). ``python`` and
+custom handlers must be listed explicitly in the tenant's ``allowed_handlers``."""
+
+HANDLER_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$"
 
 
 class IsolationMode(StrEnum):
@@ -50,6 +66,11 @@ class TenantSettings(BaseModel):
     queue_capacity: int = Field(default=100, ge=1, le=1_000_000)
     max_local_workers_per_execution: int = Field(default=4, ge=1, le=1024)
     max_concurrent_step_tasks: int = Field(default=0, ge=0)
+    allowed_handlers: tuple[Annotated[str, Field(pattern=HANDLER_NAME_PATTERN)], ...] = Field(
+        default=DEFAULT_ALLOWED_HANDLERS, max_length=256
+    )
+    """Handlers this tenant's pipelines may use; checked at submit and again when a
+    runtime accepts the run."""
 
     @model_validator(mode="before")
     @classmethod

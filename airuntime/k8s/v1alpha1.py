@@ -25,13 +25,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Final, Self
+from typing import Annotated, Any, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from airuntime.fleet.instance_settings import InstanceSettings
-from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from airuntime.fleet.tenancy import (
+    DEFAULT_ALLOWED_HANDLERS,
+    HANDLER_NAME_PATTERN,
+    IsolationMode,
+    TenantSettings,
+)
 
 __all__ = [
     "API_GROUP",
@@ -278,6 +283,11 @@ class RuntimePoolSpec(
     max_concurrent_step_tasks: int = Field(default=0, ge=0, le=1_000_000)
     """Step handlers executing at once on one pod (0 = unlimited). Applied live, without a
     pod restart, through the published tenant settings."""
+    allowed_handlers: list[Annotated[str, Field(pattern=HANDLER_NAME_PATTERN)]] | None = Field(
+        default=None, max_length=256
+    )
+    """Handlers the tenant's pipelines may use (checked at submit and when a runtime
+    accepts a run); default: the built-ins that run no code a pipeline names."""
     idle_scale_in_delay_seconds: int = Field(default=300, ge=0, le=86_400)
     """Seconds a pod must stay idle before the operator removes it (scale-in, never below
     minInstances); 0 disables scale-in (e.g. when an HPA drives the pool)."""
@@ -332,6 +342,8 @@ class RuntimePoolSpec(
             "max_local_workers_per_execution": self.max_local_workers_per_execution,
             "max_concurrent_step_tasks": self.max_concurrent_step_tasks,
         }
+        if self.allowed_handlers is not None:
+            data["allowed_handlers"] = tuple(self.allowed_handlers)
         if self.allow_shared_fallback is not None:
             data["allow_shared_fallback"] = self.allow_shared_fallback
         return TenantSettings.model_validate(data)
@@ -388,6 +400,10 @@ class TenantSettingsSnapshot(_Resource):
     """Workers per execution."""
     max_concurrent_step_tasks: int = Field(ge=0)
     """Step handlers at once per instance (0 = unlimited)."""
+    allowed_handlers: list[Annotated[str, Field(pattern=HANDLER_NAME_PATTERN)]] = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_HANDLERS), max_length=256
+    )
+    """Handlers the tenant's pipelines may use."""
 
     @classmethod
     def of(cls, settings: TenantSettings) -> TenantSettingsSnapshot:
