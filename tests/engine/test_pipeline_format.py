@@ -911,3 +911,13 @@ def test_builtin_fallback_table_matches_pyproject_entry_points() -> None:
 def test_without_a_registry_the_default_registry_is_used() -> None:
     plan = compile_pipeline(parse_pipeline(pipeline(step("a", "sleep"), step("b", "echo"))))
     assert [s.handler for s in plan.steps] == ["sleep", "echo"]
+
+
+def test_a_handler_outside_the_tenants_allowlist_is_refused_naming_step_and_list() -> None:
+    spec = parse_pipeline(pipeline(step("a", "echo"), step("b", "python"), step("c", "sleep")))
+    with pytest.raises(PipelineError) as info:
+        compile_pipeline(spec, REGISTRY, allowed_handlers=["echo", "sleep"])
+    assert str(info.value) == (
+        "steps[1].uses: handler 'python' is not allowed for this tenant (allowed: echo, sleep)"
+    )
+    assert compile_pipeline(spec, REGISTRY).steps  # no allowlist: the registry decides

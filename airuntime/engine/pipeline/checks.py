@@ -65,8 +65,24 @@ def check_run_inputs(
     return dict(run_inputs)
 
 
-def check_handler(i: int, step: StepSpec, known: Set[str], problems: list[Problem]) -> None:
+def check_handler(
+    i: int,
+    step: StepSpec,
+    known: Set[str],
+    problems: list[Problem],
+    allowed: Set[str] | None = None,
+) -> None:
+    """``uses`` names a registered handler, and one the tenant may use (``allowed``;
+    None = no restriction, e.g. ``airt run`` on one's own machine)."""
     if step.uses in known:
+        if allowed is not None and step.uses not in allowed:
+            problems.append(
+                Problem(
+                    f"steps[{i}].uses",
+                    f"handler {step.uses!r} is not allowed for this tenant "
+                    f"(allowed: {', '.join(sorted(allowed)) or 'none'})",
+                )
+            )
         return
     names = sorted(known)
     hint = difflib.get_close_matches(step.uses, names, n=1)

@@ -8,7 +8,7 @@ throttle resolved, so workers never interpret the user's format.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Collection, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,11 +59,15 @@ def compile_pipeline(
     spec: PipelineSpec,
     registry: HandlerRegistry | None = None,
     limits: PipelineLimits = DEFAULT_LIMITS,
+    *,
+    allowed_handlers: Collection[str] | None = None,
 ) -> Plan:
     """Check a spec completely and compile it into a :class:`Plan`.
 
     ``registry`` (default: :func:`~airuntime.engine.handlers.default_registry`) decides which
-    ``uses`` names exist.  Raises :class:`PipelineError` listing every problem found.
+    ``uses`` names exist; ``allowed_handlers`` (the tenant's allowlist; None = no
+    restriction) which of them the pipeline may use.  Raises :class:`PipelineError`
+    listing every problem found.
     """
     registry = default_registry() if registry is None else registry
     check_step_count(spec.steps, limits)
@@ -72,7 +76,8 @@ def compile_pipeline(
     budget = SizeBudget(limits.max_pipeline_bytes)
     run_inputs = check_run_inputs(spec.inputs, budget, problems)
     known = frozenset(registry.names())
-    graph = _check_steps(spec.steps, known, first, budget, limits, problems)
+    allowed = None if allowed_handlers is None else frozenset(allowed_handlers)
+    graph = _check_steps(spec.steps, known, first, budget, limits, problems, allowed)
     check_edge_count(graph.edges, limits, problems)
     topo = check_cycles(spec.steps, first, graph.deps, problems)
     if problems:
@@ -87,11 +92,12 @@ def _check_steps(
     budget: SizeBudget,
     limits: PipelineLimits,
     problems: list[Problem],
+    allowed: Set[str] | None = None,
 ) -> _Graph:
     """Every per-step check, step by step (so problems come in declaration order)."""
     graph = _Graph(deps=[[] for _ in steps], refs=[[] for _ in steps], inputs=[None] * len(steps))
     for i, s in enumerate(steps):
-        check_handler(i, s, known, problems)
+        check_handler(i, s, known, problems, allowed)
         explicit = check_dependencies(i, s, first, problems)
         value, checked = check_step_inputs(i, s, budget, limits, problems)
         graph.inputs[i] = value
