@@ -11,13 +11,16 @@
 # The version lives in pyproject.toml only; the image's version label takes it from
 # the AIRUNTIME_VERSION build argument.
 #
-# Stage 1 (builder) builds wheels of the project and of all its dependencies
-# (with the `kubernetes` extra: kopf and the kubernetes client, which the operator
-# and the control plane's `kubernetes` scale-out provider need). Stage 2 installs
-# those wheels, offline, into a slim Python image without compilers, and runs as
-# an unprivileged user (uid/gid 10001, the uid the Helm chart and the operator's
-# pod templates enforce with runAsNonRoot). No HEALTHCHECK: Kubernetes probes
-# /healthz and /readyz (see the chart). Needs BuildKit (RUN --mount).
+# Stage 1 (builder) installs the project and all its dependencies (with the
+# `kubernetes` extra: kopf and the kubernetes client, which the operator and the
+# control plane's `kubernetes` scale-out provider need) into a virtualenv at
+# /opt/airuntime, dependencies first in a layer of their own. Stage 2 copies that
+# virtualenv into a slim Python image without compilers (same base, same interpreter
+# path) and runs as an unprivileged user (uid/gid 10001, the uid the Helm chart and
+# the operator's pod templates enforce with runAsNonRoot). COPY --from is keyed by
+# content in every builder (docker BuildKit and buildah alike), so a source change can
+# never ship a stale install. No HEALTHCHECK: Kubernetes probes /healthz and /readyz
+# (see the chart).
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -35,19 +38,27 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
+RUN python -m venv /opt/airuntime
+ENV PATH=/opt/airuntime/bin:$PATH
+
 # The dependencies first, in a layer of their own: a rebuild after a source change
 # reuses it, and only a change of pyproject.toml downloads and builds them again.
 COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['kubernetes']))" \
         >/tmp/requirements.txt \
-    && pip wheel --wheel-dir /wheels -r /tmp/requirements.txt
+    && pip install --no-compile -r /tmp/requirements.txt
 
 COPY README.md ./
 COPY airuntime ./airuntime
 COPY runtime_pod ./runtime_pod
 COPY operator ./operator
 
-RUN pip wheel --no-deps --wheel-dir /wheels .
+# The bytecode is compiled here (the root filesystem is read-only at run time), except
+# for the kubernetes client's asyncio twin (kubernetes.aio), which nothing in the image
+# imports: its .pyc files alone would add about 50 MB.
+RUN pip install --no-deps --no-compile . \
+    && python -m compileall -q -j 0 -x '/kubernetes/aio/' \
+        "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -75,16 +86,9 @@ RUN groupadd --system --gid 10001 airuntime \
     && useradd --system --uid 10001 --gid 10001 \
         --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin airuntime
 
-# The wheels are bind-mounted from the builder, so they never become a layer. The
-# bytecode is compiled here (the root filesystem is read-only at run time), except for
-# the kubernetes client's asyncio twin (kubernetes.aio), which nothing in the image
-# imports: its .pyc files alone would add about 50 MB.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --no-compile --find-links=/wheels "airuntime[kubernetes]" \
-    && python -m compileall -q -j 0 -x '/kubernetes/aio/' \
-        "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    && airt --help >/dev/null \
-    && python -c "import airuntime_operator, runtime_pod"
+COPY --from=builder /opt/airuntime /opt/airuntime
+ENV PATH=/opt/airuntime/bin:$PATH
+RUN airt --help >/dev/null && python -c "import airuntime_operator, runtime_pod"
 
 WORKDIR /tmp
 USER 10001:10001

@@ -124,12 +124,14 @@ build_base() {
 }
 
 build_image() {
-    local ref=$1 base=$2 archive=$3 started=$SECONDS
+    local ref=$1 base=$2 archive=$3 started=$SECONDS version
     local -a mounts=()
     [[ -f "$CA_BUNDLE" ]] && mounts+=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
+    version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO/pyproject.toml" | head -n1)"
     log "podman build $ref (FROM $base)"
     podman build --isolation chroot --network host "${mounts[@]}" \
         --build-arg "PYTHON_IMAGE=$base" \
+        --build-arg "AIRUNTIME_VERSION=$version" \
         --layers --tag "$ref" --file "$REPO/Dockerfile" "$REPO" >&2
     log "image built in $((SECONDS - started)) s"
     rm -f "$archive.tmp"

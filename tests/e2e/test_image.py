@@ -47,6 +47,38 @@ def test_airt_version_runs_as_uid_10001_on_a_read_only_root(image: BuiltImage) -
     assert ident.split() == ["10001", "10001"]
 
 
+def test_the_image_carries_exactly_the_repository_s_sources(image: BuiltImage) -> None:
+    """Every Python file and Lua script of the packages, byte for byte: a build cache
+    that reused a stale install layer (buildah keys bind mounts by name, not content)
+    would ship yesterday's code under today's tag."""
+    import hashlib
+
+    from tests.e2e.cluster import REPO_ROOT
+
+    roots = {"airuntime": "airuntime", "runtime_pod": "runtime_pod",
+             "airuntime_operator": "operator/airuntime_operator"}  # fmt: skip
+    expected = {
+        f"{package}/{path.relative_to(REPO_ROOT / folder)}": hashlib.sha256(
+            path.read_bytes()
+        ).hexdigest()
+        for package, folder in roots.items()
+        for path in (REPO_ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".lua") and "__pycache__" not in path.parts
+    }
+    script = (
+        "import hashlib, json, pathlib, sysconfig\n"
+        "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
+        f"names = {sorted(roots)!r}\n"
+        "print(json.dumps({str(p.relative_to(site)): hashlib.sha256(p.read_bytes()).hexdigest()"
+        " for n in names for p in (site / n).rglob('*') if p.suffix in ('.py', '.lua')}))\n"
+    )
+    installed = json.loads(_ok(podman_run(image.ref, "-c", script, entrypoint="python")))
+    stale = sorted(k for k in expected.keys() & installed.keys() if expected[k] != installed[k])
+    assert stale == [], f"the image has other contents for {stale[:10]}"
+    assert sorted(expected.keys() - installed.keys()) == [], "files missing from the image"
+    assert sorted(installed.keys() - expected.keys()) == [], "files the repository no longer has"
+
+
 def test_the_image_s_own_user_is_10001_without_being_told(image: BuiltImage) -> None:
     """Without ``--user`` (the Dockerfile's USER), as runAsNonRoot requires."""
     out = _ok(podman_run(image.ref, "-c", "import os; print(os.getuid())",
@@ -112,4 +144,6 @@ def test_local_containers_start_like_the_image() -> None:
     )
     (entrypoint,) = [json.loads(args) for word, args in final if word == "ENTRYPOINT"]
     assert tuple(entrypoint) == IMAGE_ENTRYPOINT
+    # PATH leads to the image's virtualenv; a local "pod" uses the test venv's airt.
+    assert env.pop("PATH") == "/opt/airuntime/bin:$PATH"
     assert env == IMAGE_ENV
