@@ -12,7 +12,8 @@ below the control plane (which archives and resolves through it) and above the f
 * :mod:`.sqlite`, :mod:`.postgres` -- the two implementations; :func:`open_history_store`
   picks one from the DSN (:mod:`.dsn`, :mod:`.settings`).
 * :mod:`.schema`, :mod:`.migrate`, ``migrations/`` -- the schema and its versioned
-  Alembic migrations (``airt history migrate``).
+  Alembic migrations (``airt history migrate``); :mod:`.names` -- the table names and
+  the head revision, for the stores (which never import SQLAlchemy).
 * :mod:`.codec`, :mod:`.sql`, :mod:`.listing` -- what both implementations share.
 """
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from airuntime.history.errors import CorruptRecord
 from airuntime.history.listing import Position, SharedRunFilter, encode_cursor
+from airuntime.history.names import EVENTS, EXECUTIONS, PAYLOADS, SHARED_RUNS
 from airuntime.history.records import (
     ArchivedEvent,
     ArchivedExecution,
@@ -26,7 +27,6 @@ from airuntime.history.records import (
     Payload,
     SharedRunPage,
 )
-from airuntime.history.schema import EVENTS, EXECUTIONS, PAYLOADS, SHARED_RUNS
 
 __all__ = [
     "event_from_row",

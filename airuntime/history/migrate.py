@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from airuntime.history.dsn import Backend, HistoryDsn
 from airuntime.history.errors import HistoryError, HistoryUnavailable
-from airuntime.history.schema import VERSION_TABLE
+from airuntime.history.names import VERSION_TABLE
 
 __all__ = ["MigrationResult", "current_revision", "head_revision", "upgrade"]
 

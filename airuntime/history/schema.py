@@ -5,7 +5,8 @@ Why this exists: the schema is versioned by Alembic migrations
 what the code expects *now*. A test upgrades an empty SQLite file and an empty
 PostgreSQL database to head and compares both with this metadata, so a migration that
 forgets a column or an index fails there. The stores query with raw SQL through
-sqlite3/psycopg and never import this module (SQLAlchemy is the migration engine only).
+sqlite3/psycopg and never import this module (SQLAlchemy is the migration engine
+only; the names they share live in :mod:`airuntime.history.names`).
 
 The schema is the same on both backends: text ids, ``BIGINT`` epoch milliseconds,
 JSON as ``TEXT`` (the archive is evidence, never queried inside; the same bytes on
@@ -15,8 +16,6 @@ per tenant and per tenant with a status or pipeline filter.
 """
 
 from __future__ import annotations
-
-from typing import Final
 
 from sqlalchemy import (
     BigInteger,
@@ -30,6 +29,15 @@ from sqlalchemy import (
     Text,
 )
 
+from airuntime.history.names import (
+    EVENTS,
+    EXECUTIONS,
+    HEAD_REVISION,
+    PAYLOADS,
+    SHARED_RUNS,
+    VERSION_TABLE,
+)
+
 __all__ = [
     "EVENTS",
     "EXECUTIONS",
@@ -40,19 +48,7 @@ __all__ = [
     "metadata",
 ]
 
-HEAD_REVISION: Final = "0001"
-"""The newest migration's revision (a test keeps it equal to Alembic's head). The
-stores compare the database's revision with it without loading Alembic."""
-
-VERSION_TABLE: Final = "airuntime_history_version"
-"""Alembic's version table, named so it cannot meet another application's."""
-
 metadata = MetaData()
-
-EXECUTIONS: Final = "history_executions"
-EVENTS: Final = "history_events"
-SHARED_RUNS: Final = "history_shared_runs"
-PAYLOADS: Final = "history_payloads"
 
 executions = Table(
     EXECUTIONS,

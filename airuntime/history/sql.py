@@ -24,7 +24,7 @@ from airuntime.history.codec import (
     SHARED_RUN_COLUMNS,
 )
 from airuntime.history.listing import Position, SharedRunFilter
-from airuntime.history.schema import EVENTS, EXECUTIONS, PAYLOADS, SHARED_RUNS
+from airuntime.history.names import EVENTS, EXECUTIONS, PAYLOADS, SHARED_RUNS
 
 __all__ = [
     "EXECUTION_VISIBLE",

@@ -28,6 +28,7 @@ from airuntime.history.dsn import HistoryDsn
 from airuntime.history.errors import HistoryError, HistoryUnavailable
 from airuntime.history.listing import SharedRunFilter, decode_cursor
 from airuntime.history.migrate import upgrade
+from airuntime.history.names import HEAD_REVISION, VERSION_TABLE
 from airuntime.history.records import (
     ArchivedEvent,
     ArchivedExecution,
@@ -36,7 +37,6 @@ from airuntime.history.records import (
     Payload,
     SharedRunPage,
 )
-from airuntime.history.schema import HEAD_REVISION, VERSION_TABLE
 from airuntime.history.store import HistoryStore, check_limit, tenant_conflict
 
 __all__ = ["SqliteHistoryStore"]

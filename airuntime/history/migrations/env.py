@@ -11,7 +11,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from airuntime.history.schema import VERSION_TABLE, metadata
+from airuntime.history.names import VERSION_TABLE
+from airuntime.history.schema import metadata
 
 
 def run_migrations() -> None:
