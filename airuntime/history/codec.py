@@ -179,8 +179,6 @@ def event_from_row(row: Row) -> ArchivedEvent:
     values = dict(zip(EVENT_COLUMNS, row, strict=True))
     key = f"{values['execution_id']}/{values['seq']}"
     fields = _object(EVENTS, key, "fields_json", values["fields_json"])
-    if not all(isinstance(v, str) for v in fields.values()):
-        raise CorruptRecord(EVENTS, key, "fields_json holds a value that is not a string")
     event: ArchivedEvent = _build(
         EVENTS,
         key,

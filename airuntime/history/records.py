@@ -47,6 +47,10 @@ def _check_ms(name: str, value: int | None) -> None:
     _require(value is None or (isinstance(value, int) and value >= 0), f"{name}: {value!r}")
 
 
+def _check_object(name: str, value: object) -> None:
+    _require(isinstance(value, dict), f"{name} is a {type(value).__name__}, not a JSON object")
+
+
 @dataclass(frozen=True, slots=True)
 class ArchivedExecution:
     """One finished execution, as archived at finalization."""
@@ -80,6 +84,10 @@ class ArchivedExecution:
         _check_ms("created_ms", self.created_ms)
         _check_ms("finished_ms", self.finished_ms)
         _check_ms("archived_at_ms", self.archived_at_ms)
+        for name in ("plan", "inputs", "context", "snapshot"):
+            _check_object(f"execution {self.execution_id}: {name}", getattr(self, name))
+        if self.step_slots is not None:
+            _check_object(f"execution {self.execution_id}: step_slots", self.step_slots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,11 @@ class ArchivedEvent:
     def __post_init__(self) -> None:
         _require(
             isinstance(self.seq, int) and self.seq >= 0, f"{self.execution_id}: seq {self.seq!r}"
+        )
+        _require(
+            isinstance(self.fields, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in self.fields.items()),
+            f"{self.execution_id}: event {self.seq}: fields are not strings to strings",
         )
 
 
@@ -130,6 +143,8 @@ class ArchivedSharedRun:
         _require(bool(self.tenant_id), f"shared run {self.shared_run_id}: tenant_id is empty")
         _check_ms("created_ms", self.created_ms)
         _check_ms("finished_ms", self.finished_ms)
+        _check_ms("archived_at_ms", self.archived_at_ms)
+        _check_object(f"shared run {self.shared_run_id}: run", self.run)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from airuntime.core.errors import ConfigError
-from airuntime.history import HistorySettings, Payload, PayloadRef
+from airuntime.history import ArchivedEvent, ArchivedSharedRun, HistorySettings, Payload, PayloadRef
 from airuntime.history.dsn import Backend, parse_dsn, redact
 from airuntime.history.errors import InvalidCursor
 from airuntime.history.listing import Position, SharedRunFilter, decode_cursor, encode_cursor
@@ -119,3 +119,18 @@ def test_a_cursor_round_trips_only_with_its_filter() -> None:
     )
     with pytest.raises(InvalidCursor):
         decode_cursor(cursor, SharedRunFilter(None))
+
+
+def test_records_refuse_what_could_not_be_read_back() -> None:
+    from tests.history import records
+
+    with pytest.raises(ValueError, match="plan is a list, not a JSON object"):
+        records.execution(plan=[1, 2])
+    with pytest.raises(ValueError, match="tenant_id is empty"):
+        records.execution(tenant_id="")
+    with pytest.raises(ValueError, match="created_ms"):
+        records.execution(created_ms=-1)
+    with pytest.raises(ValueError, match="fields are not strings to strings"):
+        ArchivedEvent("e-1", 0, "1-0", "claim", {"attempt": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="run is a str"):
+        ArchivedSharedRun("sr-1", "t", "p", "Succeeded", 1, None, "{}")  # type: ignore[arg-type]

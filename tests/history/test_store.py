@@ -18,7 +18,7 @@ from airuntime.history import (
     PayloadRef,
     open_history_store,
 )
-from airuntime.history.dsn import Backend, parse_dsn
+from airuntime.history.dsn import Backend
 from tests.history import records
 from tests.history.conftest import RawSql, settings
 
@@ -267,35 +267,3 @@ async def test_concurrent_archives_of_one_execution_end_as_one_row_set(
     assert stored is not None and records.without_archived_at(stored) == record
     assert page is not None and page.events == ledger
     assert raw("SELECT count(*) FROM history_executions") == [(1,)]
-
-
-async def test_a_sqlite_file_locked_by_another_writer_is_unavailable_not_stuck(
-    tmp_path: object,
-) -> None:
-    import sqlite3
-    from pathlib import Path
-
-    path = Path(str(tmp_path)) / "locked.db"
-    store = await open_history_store(f"sqlite:///{path}", settings=settings(history_timeout_s=0.2))
-    other = sqlite3.connect(path, isolation_level=None)
-    try:
-        other.execute("BEGIN EXCLUSIVE")
-        with pytest.raises(HistoryUnavailable, match="locked"):
-            await store.upsert_execution(records.execution(), records.events())
-        other.execute("ROLLBACK")
-        await store.upsert_execution(records.execution(), records.events())
-        assert await store.get_execution("e-1", "tenant-a") is not None
-    finally:
-        other.close()
-        await store.close()
-
-
-async def test_a_sqlite_path_that_cannot_be_a_file_is_unavailable(tmp_path: object) -> None:
-    from pathlib import Path
-
-    blocker = Path(str(tmp_path)) / "not-a-dir"
-    blocker.write_text("a file where a directory should be")
-    dsn = f"sqlite:///{blocker / 'history.db'}"
-    assert parse_dsn(dsn).backend is Backend.SQLITE
-    with pytest.raises(HistoryUnavailable, match="not-a-dir"):
-        await open_history_store(dsn, settings=settings())

@@ -1,18 +1,23 @@
-"""A PostgreSQL history that goes away: every operation answers HistoryUnavailable
-within the timeout (never hangs, never another error), opening a store does not wait
-for the server, and the same store works again once the server is back -- with what
-was written before still there."""
+"""A history that cannot be used now answers HistoryUnavailable (retryable), never
+hangs and never crashes with another error.
+
+PostgreSQL that goes away: every operation answers within the timeout, opening a store
+does not wait for the server, and the same store works again once the server is back
+-- with what was written before still there. SQLite: a file locked by another writer
+past the timeout, a path that cannot be a file, a file that is not a database."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from airuntime.history import HistoryStore, HistoryUnavailable, Payload, open_history_store
-from airuntime.history.dsn import parse_dsn
+from airuntime.history.dsn import Backend, parse_dsn
 from airuntime.history.migrate import upgrade
 from tests.history import records
 from tests.history.conftest import settings
@@ -98,3 +103,37 @@ async def test_a_store_opens_while_its_server_is_down(own_postgres: PostgresServ
         assert await store.get_execution("e-1", None) is not None
     finally:
         await store.close()
+
+
+async def test_a_sqlite_file_locked_by_another_writer_is_unavailable_not_stuck(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "locked.db"
+    store = await open_history_store(f"sqlite:///{path}", settings=settings(history_timeout_s=0.2))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(HistoryUnavailable, match="locked"):
+            await store.upsert_execution(records.execution(), records.events())
+        other.execute("ROLLBACK")
+        await store.upsert_execution(records.execution(), records.events())
+        assert await store.get_execution("e-1", "tenant-a") is not None
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_sqlite_path_that_cannot_be_a_file_is_unavailable(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a directory should be")
+    dsn = f"sqlite:///{blocker / 'history.db'}"
+    assert parse_dsn(dsn).backend is Backend.SQLITE
+    with pytest.raises(HistoryUnavailable, match="not-a-dir"):
+        await open_history_store(dsn, settings=settings())
+
+
+async def test_a_file_that_is_not_a_database_is_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    path.write_bytes(b"this is not a SQLite database, it is a text file" * 100)
+    with pytest.raises(HistoryUnavailable, match="not a database"):
+        await open_history_store(f"sqlite:///{path}", settings=settings())
