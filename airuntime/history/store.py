@@ -39,7 +39,7 @@ from airuntime.history.records import (
     SharedRunPage,
 )
 
-__all__ = ["HistoryStore", "check_limit"]
+__all__ = ["HistoryStore", "check_limit", "tenant_conflict"]
 
 
 def check_limit(limit: int) -> int:
