@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from airuntime.cli import client, crds, engine, examples, local, server
+from airuntime.cli import client, crds, engine, examples, history, local, server
 from airuntime.cli.common import EXIT_OK, invalid, out
 from airuntime.core.version import installed_version
 
@@ -86,7 +86,7 @@ def _register_broken_plugin(name: str, error: Exception) -> None:
 
 
 def main() -> None:
-    for group in (engine, server, local, client, examples, crds):
+    for group in (engine, server, local, client, examples, crds, history):
         group.register(app)
     _load_plugins()
     app()

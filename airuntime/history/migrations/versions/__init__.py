@@ -1,0 +1,1 @@
+"""One module per schema revision of the durable history, oldest first (Alembic)."""
