@@ -6,7 +6,8 @@ does not import this package). The host's settings are
 variables (how the operator's pod template configures a pod), each overridden by the
 option of the same name when it is given. The runtime token
 (``AIRUNTIME_RUNTIME_TOKEN``) has no option: a secret on a command line is visible to
-every process of the machine.
+every process of the machine. Once read, every credential-bearing variable is removed
+from the process (:mod:`runtime_pod.environment`) before any step can run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceSettings
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
+from runtime_pod.environment import scrub_secrets
 from runtime_pod.host import RuntimeHost
 from runtime_pod.settings_store import SettingsError, SettingsStore, default_settings_path
 
@@ -109,6 +111,7 @@ def runtime(
             "plane sends it); without one the run intake would take runs from anyone"
         )
     store = _loaded_store(settings.settings_file)
+    scrub_secrets()  # read above; no handler of this process may find them
     asyncio.run(_serve(settings.redis_url, settings, instances, store))
 
 
