@@ -16,6 +16,8 @@ from redis.asyncio import Redis
 from airuntime.core import keys
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.providers import RedisProvider
+from airuntime.fleet.run_index import RunIndex
+from airuntime.fleet.runs import RunStatus
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import eventually, pipeline, request
 
@@ -76,3 +78,34 @@ async def test_finished_runs_leave_no_runtime_key_once_their_retention_has_passe
     assert OUTCOMES_MAXLEN > 0
     await inst.stop()
     assert not (await _keys(redis)) & lives_with_the_instance, "the instance's own keys go too"
+
+
+async def test_the_sweep_alone_removes_what_a_finished_runs_retention_leaves(
+    redis: Redis,
+) -> None:
+    """``RunIndex.prune`` as the control plane's retention loop would call it: no runtime."""
+    index = RunIndex(redis, retention_s=1)
+    accepted = [await index.accept("gone-1", request(pipeline(1))) for _ in range(3)]
+    records = []
+    for run_id, _ in accepted:
+        loaded = await index.get_unchecked(run_id)
+        assert loaded is not None
+        records.append(loaded[0])
+    for record in records[:2]:
+        assert await index.finish(record, RunStatus.COMPLETED)
+    assert await index.prune() == 0, "nothing is due before the retention has passed"
+    swept: list[int] = []
+
+    async def due() -> bool:
+        swept.append(await index.prune())
+        return sum(swept) == 2
+
+    await eventually(due, "both finished runs swept")
+    still = records[2].run_id
+    assert [r.run_id for r in await index.list_for_tenant("tenant-a")] == [still]
+    assert await redis.zrange(keys.runs_by_tenant("tenant-a"), 0, -1) == [still.encode()]
+    assert await redis.zcard(keys.runs_retention()) == 0
+    for record in records[:2]:
+        assert not await redis.exists(keys.run(record.run_id))
+        assert not await redis.exists(keys.shared_run_to_run(record.shared_run_id))
+    assert await index.queue_length("gone-1") == 1, "the unfinished run is untouched"
