@@ -91,6 +91,7 @@ def runtime(
     heartbeat_s: Annotated[float | None, _setting("heartbeat_s")] = None,
     wait_for_control_plane_s: Annotated[float | None, _setting("wait_for_control_plane_s")] = None,
     lease_ms: Annotated[int | None, _setting("lease_ms")] = None,
+    run_retention_s: Annotated[int | None, _setting("run_retention_s")] = None,
     settings_file: Annotated[Path | None, _setting("settings_file")] = None,
     redis_url: Annotated[str | None, _setting("redis_url", "--redis-url")] = None,
 ) -> None:

@@ -93,11 +93,13 @@ class Inbox:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        await self.refresh()
+        await self.redis.pexpire(self.stream, self.ttl_ms)
 
     async def refresh(self) -> None:
-        """Extend the inbox's life by its TTL (every heartbeat)."""
-        await self.redis.pexpire(self.stream, self.ttl_ms)
+        """Extend the inbox's life by its TTL (every heartbeat); recreate it if it
+        expired meanwhile (an outage longer than the TTL)."""
+        if not await self.redis.pexpire(self.stream, self.ttl_ms):
+            await self.ensure()
 
     async def delete(self) -> None:
         """Graceful stop: the inbox goes with the instance (unanswered requests time
