@@ -11,7 +11,8 @@ background loops is failing; 503 naming the failing loops otherwise); ``/metrics
 With the host's runtime token (``Authorization: Bearer <token>``, compared in constant
 time; 401 when missing or wrong, and always when the host has no token): ``POST
 /v1/instances/{id}/runs`` (202 with the RunId; a refusal is 400 ``invalid``, 403
-``not_visible``, 409 otherwise), ``GET /v1/instances``, ``GET /v1/settings`` and ``PUT
+``not_visible``, 409 otherwise; 503 ``unavailable`` while Redis is away: accepting is
+idempotent, the sender retries), ``GET /v1/instances``, ``GET /v1/settings`` and ``PUT
 /v1/settings/{key}`` (live settings, persisted).
 """
 
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
 from runtime_pod.intake import REFUSAL_HTTP_STATUS, RunRefused
 from runtime_pod.settings_store import SettingsError
+from runtime_pod.transient import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from runtime_pod.host import RuntimeHost
@@ -116,6 +118,10 @@ def _intake(router: APIRouter, host: RuntimeHost) -> None:
             run_id = await inst.accept(body)
         except RunRefused as exc:
             return _refusal(str(exc), exc.reason)
+        except TRANSIENT_ERRORS as exc:  # nothing or everything was written: retry later
+            return JSONResponse(
+                {"error": f"Redis unavailable: {exc}", "reason": "unavailable"}, status_code=503
+            )
         return JSONResponse({"run_id": run_id}, status_code=202)
 
     @router.get("/v1/instances")

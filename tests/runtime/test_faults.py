@@ -164,6 +164,12 @@ async def test_valkey_killed_and_restarted_every_loop_recovers_and_the_run_finis
 
             heartbeat = inst.supervisor.loops["heartbeat"]
             await eventually(noticed, "/readyz names the failing loops")
+            during = await client.post(
+                f"/v1/instances/{inst.instance_id}/runs",
+                json=request(pipeline(1)).model_dump(mode="json"),
+                headers={"authorization": f"Bearer {TEST_TOKEN}"},
+            )
+            assert (during.status_code, during.json()["reason"]) == (503, "unavailable")
             await server.start()  # immediately: the server answers LOADING, then serves
             await eventually(lambda: _ready(client), "every loop recovered", timeout=30)
             assert await _loop_errors(client, "heartbeat") >= 1
