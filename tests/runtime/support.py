@@ -154,12 +154,15 @@ class HeartbeatProbe:
 
     def __init__(self, instance: RuntimeInstance) -> None:
         self.count = 0
+        self.last: InstanceDescriptor | None = None
+        """The descriptor of the latest publication."""
         self.signal = Signal()
         original = instance.registry.publish
 
         async def publish(descriptor: InstanceDescriptor, ttl_ms: int) -> None:
             await original(descriptor, ttl_ms)
             self.count += 1
+            self.last = descriptor
             self.signal.notify()
 
         instance.registry.publish = publish  # type: ignore[method-assign]

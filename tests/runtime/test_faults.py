@@ -40,6 +40,7 @@ from tests.runtime.restartable import RestartableValkey
 from tests.runtime.support import (
     TEST_TOKEN,
     Gate,
+    HeartbeatProbe,
     RunWatcher,
     eventually,
     handlers_with,
@@ -79,16 +80,22 @@ async def test_a_failing_controller_is_restarted_counted_advertised_and_recovers
 ) -> None:
     host = await hosts()
     inst = host.instances[0]
+    probe = HeartbeatProbe(inst)
     fault = ControllerFault(inst)
     async with httpx.AsyncClient(base_url=host.endpoint, timeout=10) as client:
 
-        async def advertised_down() -> bool:
-            d = await runtime.registry.get(inst.instance_id)
-            return d is not None and not d.capacity.can_accept_run and bool(d.unhealthy_loops)
+        def advertised(up: bool) -> bool:
+            d = probe.last
+            return (
+                d is not None
+                and d.capacity.can_accept_run is up
+                and (d.unhealthy_loops == () if up else d.unhealthy_loops == ("controller",))
+            )
 
-        await eventually(advertised_down, "the descriptor says the controller is failing")
+        await probe.signal.wait_for(lambda: advertised(False), "the controller is failing")
         desc = await runtime.registry.get(inst.instance_id)
         assert desc is not None and desc.unhealthy_loops == ("controller",)
+        assert not desc.capacity.can_accept_run
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert ready.json() == {
@@ -103,11 +110,7 @@ async def test_a_failing_controller_is_restarted_counted_advertised_and_recovers
         runtime.gate.open()
         assert await runtime.watcher.reached(run_id, "completed", "failed") == "completed"
 
-        async def advertised_up() -> bool:
-            d = await runtime.registry.get(inst.instance_id)
-            return d is not None and d.capacity.can_accept_run and not d.unhealthy_loops
-
-        await eventually(advertised_up, "the recovered controller is advertised")
+        await probe.signal.wait_for(lambda: advertised(True), "the controller recovered")
         assert (await client.get("/readyz")).status_code == 200
     health = inst.supervisor.loops["controller"]
     assert health.healthy and health.restarts >= 1 and "injected" in (health.last_error or "")
