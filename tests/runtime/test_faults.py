@@ -190,8 +190,9 @@ async def test_valkey_killed_and_restarted_every_loop_recovers_and_the_run_finis
             assert desc is not None
             after = await RedisProvider(redis).deliver(desc, request(pipeline(1)))
             assert await watcher.reached(after, "completed", "failed", timeout=40) == "completed"
-            assert await _ready(client)
-        assert inst.unhealthy_loops() == []
+            # Pooled connections that died with the server fail once each when next
+            # used: a loop may stumble on one, and comes back again by itself.
+            await eventually(lambda: _ready(client), "every loop healthy", timeout=30)
     finally:
         gate.open()
         if host is not None:
