@@ -4,7 +4,10 @@ Registered into ``airt`` through the ``airuntime.commands`` entry point (``airun
 does not import this package). The host's settings are
 :class:`~airuntime.fleet.instance_settings.InstanceSettings`: read from ``AIRUNTIME_*``
 variables (how the operator's pod template configures a pod), each overridden by the
-option of the same name when it is given.
+option of the same name when it is given. The runtime token
+(``AIRUNTIME_RUNTIME_TOKEN``) has no option: a secret on a command line is visible to
+every process of the machine. Once read, every credential-bearing variable is removed
+from the process (:mod:`runtime_pod.environment`) before any step can run.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import typer
 from airuntime.cli.common import console, invalid, setting_option, settings_from_options
 from airuntime.core.redis_client import connect
 from airuntime.core.settings import REDIS_URL_ENV
-from airuntime.fleet.instance_settings import InstanceSettings
+from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceSettings
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
+from runtime_pod.environment import scrub_secrets
 from runtime_pod.host import RuntimeHost
 from runtime_pod.settings_store import SettingsError, SettingsStore, default_settings_path
 
@@ -43,6 +47,19 @@ _setting = partial(setting_option, InstanceSettings)
 _SETTINGS_FILE_ENV = InstanceSettings.env_var("settings_file")
 _RedisUrl = Annotated[str | None, typer.Option("--redis-url", envvar=REDIS_URL_ENV)]
 _SettingsFile = Annotated[Path | None, typer.Option(envvar=_SETTINGS_FILE_ENV)]
+_Endpoint = Annotated[
+    str | None, typer.Option(help="HTTP endpoint of a running host (applies live).")
+]
+_Instance = Annotated[str | None, typer.Option(help="Running instance id (endpoint looked up).")]
+_Token = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=RUNTIME_TOKEN_ENV,
+        show_default=False,
+        help=f"The host's runtime token (better: env {RUNTIME_TOKEN_ENV}).",
+    ),
+]
 
 
 @runtime_app.callback(invoke_without_command=True)
@@ -74,6 +91,7 @@ def runtime(
     heartbeat_s: Annotated[float | None, _setting("heartbeat_s")] = None,
     wait_for_control_plane_s: Annotated[float | None, _setting("wait_for_control_plane_s")] = None,
     lease_ms: Annotated[int | None, _setting("lease_ms")] = None,
+    run_retention_s: Annotated[int | None, _setting("run_retention_s")] = None,
     settings_file: Annotated[Path | None, _setting("settings_file")] = None,
     redis_url: Annotated[str | None, _setting("redis_url", "--redis-url")] = None,
 ) -> None:
@@ -88,7 +106,13 @@ def runtime(
         )
     if instances < 1:
         raise invalid(f"--instances: must be >= 1, got {instances}")
+    if settings.provider == "http" and settings.runtime_token is None:
+        raise invalid(
+            f"the http provider needs a runtime token: set {RUNTIME_TOKEN_ENV} (the control "
+            "plane sends it); without one the run intake would take runs from anyone"
+        )
     store = _loaded_store(settings.settings_file)
+    scrub_secrets()  # read above; no handler of this process may find them
     asyncio.run(_serve(settings.redis_url, settings, instances, store))
 
 
@@ -115,6 +139,7 @@ async def _serve(
         settings_store=store,
         advertise_host=settings.advertise_host,
         wait_for_control_plane_s=settings.wait_for_control_plane_s,
+        token=settings.runtime_token.get_secret_value() if settings.runtime_token else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -140,22 +165,16 @@ async def _serve(
 def settings_set(
     key: Annotated[str, typer.Argument(help="Setting name, e.g. max_concurrent_step_tasks.")],
     value: Annotated[str, typer.Argument(help="New value.")],
-    endpoint: Annotated[
-        str | None, typer.Option(help="HTTP endpoint of a running host (applies live).")
-    ] = None,
-    instance: Annotated[
-        str | None, typer.Option(help="Running instance id (endpoint looked up).")
-    ] = None,
+    endpoint: _Endpoint = None,
+    instance: _Instance = None,
+    token: _Token = None,
     settings_file: _SettingsFile = None,
     redis_url: _RedisUrl = None,
 ) -> None:
     """Change a runtime setting: live through a host's settings API, or in the file."""
-    if instance and not endpoint:
-        if not redis_url:
-            raise invalid(f"--instance needs {REDIS_URL_ENV} to find the instance's endpoint")
-        endpoint = asyncio.run(_endpoint_of(redis_url, instance))
+    endpoint = _resolve_endpoint(endpoint, instance, redis_url)
     if endpoint:
-        typer.echo(json.dumps(_set_live(endpoint, key, value)))
+        typer.echo(json.dumps(_live("PUT", endpoint, token, key=key, json={"value": value})))
         return
     store = SettingsStore(settings_file or default_settings_path())
     try:
@@ -165,16 +184,35 @@ def settings_set(
     typer.echo(json.dumps(settings.model_dump()))
 
 
-def _set_live(endpoint: str, key: str, value: str) -> Any:
-    """PUT one setting to a running host; its refusal becomes exit 2 with its reason."""
+def _resolve_endpoint(endpoint: str | None, instance: str | None, redis_url: str | None) -> str:
+    """``--endpoint``, or the endpoint ``--instance`` registered; '' for neither."""
+    if instance and not endpoint:
+        if not redis_url:
+            raise invalid(f"--instance needs {REDIS_URL_ENV} to find the instance's endpoint")
+        endpoint = asyncio.run(_endpoint_of(redis_url, instance))
+    return endpoint or ""
+
+
+def _live(method: str, endpoint: str, token: str | None, *, key: str = "", json: Any = None) -> Any:
+    """Call a running host's settings API with its runtime token; a refusal becomes
+    exit 2 with its reason."""
+    if not token:
+        raise invalid(
+            f"the settings API of a running host needs its token: set {RUNTIME_TOKEN_ENV}"
+        )
+    url = f"{endpoint.rstrip('/')}/v1/settings" + (f"/{key}" if key else "")
     try:
-        resp = httpx.put(
-            f"{endpoint.rstrip('/')}/v1/settings/{key}", json={"value": value}, timeout=10
+        resp = httpx.request(
+            method, url, json=json, timeout=10, headers={"authorization": f"Bearer {token}"}
         )
     except httpx.HTTPError as exc:
         raise invalid(f"cannot reach {endpoint}: {exc}") from None
     if resp.status_code != 200:
-        raise invalid(resp.json().get("detail", resp.text))
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise invalid(f"{endpoint} answered {resp.status_code}: {detail}")
     return resp.json()
 
 
@@ -190,8 +228,18 @@ async def _endpoint_of(url: str, instance_id: str) -> str:
 
 
 @settings_app.command("show")
-def settings_show(settings_file: _SettingsFile = None) -> None:
-    """Print the persisted settings."""
+def settings_show(
+    endpoint: _Endpoint = None,
+    instance: _Instance = None,
+    token: _Token = None,
+    settings_file: _SettingsFile = None,
+    redis_url: _RedisUrl = None,
+) -> None:
+    """Print the settings: live from a running host, or the persisted ones."""
+    endpoint = _resolve_endpoint(endpoint, instance, redis_url)
+    if endpoint:
+        typer.echo(json.dumps(_live("GET", endpoint, token)))
+        return
     store = SettingsStore(settings_file or default_settings_path())
     with contextlib.suppress(SettingsError):
         typer.echo(json.dumps(store.load().model_dump()))

@@ -7,7 +7,9 @@ is not registered). One instance per process is the default, one per pod on
 Kubernetes (where the id is the pod name).
 
 Its HTTP API (probes, metrics, the ``http`` provider's intake, live settings) is in
-:mod:`runtime_pod.http_api`.
+:mod:`runtime_pod.http_api`; the intake and the settings need the host's runtime token
+(a bearer token the control plane holds). A host whose instances take runs over HTTP
+refuses to start without one.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.errors import ConfigError
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.fleet.discovery import resolve_control_plane_id
-from airuntime.fleet.instance_settings import InstanceConfig
+from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceConfig
 from runtime_pod.http_api import host_router
 from runtime_pod.instance import InstanceHooks, RuntimeInstance
 from runtime_pod.metrics import RuntimeMetrics
@@ -56,9 +59,15 @@ class RuntimeHost:
         wait_for_control_plane_s: float = 0.0,
         settings_store: SettingsStore | None = None,
         handlers: HandlerRegistry | None = None,
+        token: str | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances}")
+        if config.provider == "http" and not token:
+            raise ConfigError(
+                f"a runtime with the http provider needs a runtime token ({RUNTIME_TOKEN_ENV}): "
+                "without one its run intake would take runs from anyone who reaches it"
+            )
         self.redis = redis
         self.config = config
         self.count = instances
@@ -70,6 +79,8 @@ class RuntimeHost:
         self.control_plane_id: str | None = None
         self.settings_store = settings_store
         self.handlers = handlers
+        self.token = token or None
+        """Bearer token of the intake and settings API; None: both answer 401."""
         self.metrics = RuntimeMetrics()
         self.instances: list[RuntimeInstance] = []
         self._server: uvicorn.Server | None = None
@@ -97,7 +108,9 @@ class RuntimeHost:
         for iid in ids:
             slots = StepSlotController(limit, on_admit=self._slot_admitted(iid))
             hooks = InstanceHooks(
-                on_step=self._step_observed(iid), on_run_state=self._run_state(iid)
+                on_step=self._step_observed(iid),
+                on_run_state=self._run_state(iid),
+                on_loop_error=self._loop_error(iid),
             )
             inst = RuntimeInstance(
                 self.redis,
@@ -131,7 +144,16 @@ class RuntimeHost:
 
     @property
     def ready(self) -> bool:
-        return bool(self.instances) and all(i.registered.is_set() for i in self.instances)
+        """Every instance registered and none of their loops failing."""
+        return (
+            bool(self.instances)
+            and all(i.registered.is_set() for i in self.instances)
+            and not self.unhealthy()
+        )
+
+    def unhealthy(self) -> dict[str, list[str]]:
+        """Instance id -> its failing loops, for the instances that have some."""
+        return {i.instance_id: loops for i in self.instances if (loops := i.unhealthy_loops())}
 
     def instance(self, instance_id: str) -> RuntimeInstance | None:
         return next((i for i in self.instances if i.instance_id == instance_id), None)
@@ -148,6 +170,12 @@ class RuntimeHost:
         def hook(execution_id: str, step_id: str, outcome: str, seconds: float) -> None:
             self.metrics.steps.labels(iid, outcome).inc()
             self.metrics.step_seconds.labels(iid).observe(seconds)
+
+        return hook
+
+    def _loop_error(self, iid: str) -> Any:
+        def hook(loop: str, error: BaseException) -> None:
+            self.metrics.loop_errors.labels(iid, loop).inc()
 
         return hook
 

@@ -2,7 +2,7 @@
 
 Gauges are refreshed from each instance's live state at scrape time (a custom
 collector), so they are never stale; counters and histograms are fed by the
-instance hooks (step outcomes, slot waits, run state changes).
+instance hooks (step outcomes, slot waits, run state changes, loop failures).
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ class RuntimeMetrics:
             "airuntime_run_transitions_total",
             "Runs entering a state.",
             ["instance", "state"],
+            registry=self.registry,
+        )
+        self.loop_errors = Counter(
+            "airuntime_loop_errors_total",
+            "Failures of an instance's background loops (each restarted with backoff), and "
+            "Redis failures its participations waited out (loop=participation).",
+            ["instance", "loop"],
             registry=self.registry,
         )
         self._instances: list[RuntimeInstance] = []

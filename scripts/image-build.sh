@@ -9,7 +9,8 @@
 # 1. Tools: podman, runc and debootstrap (Debian packages; installed when missing and
 #    running as root).
 # 2. Base image (what `python:3.11-slim` is for a docker user): a Debian bookworm
-#    minbase made with debootstrap, with python3, venv, pip and CA certificates,
+#    minbase made with debootstrap, with python3, venv (its ensurepip brings pip into
+#    a virtualenv) and CA certificates,
 #    `python` -> python3, and without the EXTERNALLY-MANAGED marker (the image's pip
 #    installs into the system interpreter, as in the official Python images). Cached as
 #    a rootfs tarball named after the sha256 of the recipe (the lines between the
@@ -55,7 +56,7 @@ MIRROR="${DEBIAN_MIRROR:-$(host_mirror)}"
 # --- BASE RECIPE (its sha256 names the cached base) ---
 BASE_SUITE=bookworm
 BASE_VARIANT=minbase
-BASE_INCLUDE=python3,python3-venv,python3-pip,python-is-python3,ca-certificates
+BASE_INCLUDE=python3,python3-venv,python-is-python3,ca-certificates
 BASE_REMOVE="/usr/lib/python3.11/EXTERNALLY-MANAGED /usr/share/locale /usr/share/doc /usr/share/man /usr/share/info"
 # --- END BASE RECIPE ---
 

@@ -49,22 +49,48 @@ Global:
 ``air:executions:active``   zset    non-terminal executions (adoption by other instances).
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
                                     lease expiry ms. acquireLease/renewLease/releaseLease.
-``air:instances``           zset    runtime instance id -> heartbeat expiry ms. registry.
-``air:instance:<id>``       string  InstanceDescriptor JSON, PX = heartbeat TTL. registry.
+``air:instances``           zset    runtime instance id -> heartbeat expiry ms (Redis time).
+                                    publishInstance-2.lua adds and prunes; unregister.
+``air:instance:<id>``       string  InstanceDescriptor JSON stamped with Redis time, PX =
+                                    heartbeat TTL. publishInstance-2.lua; unregister.
 ``air:tenants``             set     tenant ids with stored settings. registry.
 ``air:tenant:<id>:settings`` string TenantSettings JSON. registry (local YAML / operator).
-``air:run:<RunId>``         hash    run execution index record + request. run_index,
-                                    adoptRun-1.lua.
-``air:shared-run:<SRID>``   string  RunId accepted for a SharedRunId (SET NX). run_index.
+``air:run:<RunId>``         hash    run execution index record + request. acceptRun-5.lua
+                                    creates it, startRun-4/finishRun-7/adoptRun-2.lua
+                                    change it; finishRun sets its TTL = the runtime's
+                                    run retention (``AIRUNTIME_RUN_RETENTION_S``, 7 d).
+``air:shared-run:<SRID>``   string  RunId accepted for a SharedRunId. acceptRun-5.lua (one
+                                    step with the record); TTL = run retention from
+                                    finishRun-7.lua.
 ``air:instance:<id>:queue`` list    RunIds accepted by an instance, not yet started.
-``air:instance:<id>:inbox`` stream  run requests delivered by the ``redis`` provider.
+                                    acceptRun pushes, startRun/finishRun remove (an empty
+                                    list is no key).
+``air:instance:<id>:inbox`` stream  run requests delivered by the ``redis`` provider
+                                    (XADD NOMKSTREAM, MAXLEN ~). The instance creates it
+                                    with its consumer group, acknowledges and deletes each
+                                    entry it answered, keeps a TTL of 10 registration
+                                    TTLs on it (refreshed every heartbeat) and deletes it
+                                    on a graceful stop: a dead instance's inbox expires.
 ``air:reply:<token>``       list    the instance's answer to one inbox request (the
-                                    ``redis`` provider BLPOPs it).
+                                    ``redis`` provider BLPOPs it). RPUSH + EXPIRE 300 s in
+                                    one transaction, by the instance.
 ``air:assist:<E>:<inst>``   string  an instance assists execution E (SET NX, PX; at most
-                                    one assist per instance and execution). runtime_pod.
+                                    one assist per instance and execution). runtime_pod
+                                    deletes it when the assist ends; PX bounds a crash.
 ``air:prefix:<p>:seq``      string  counter behind ``<p>-<n>`` instance ids (never reused).
-``air:runs:<state>``        zset    RunIds queued / running (adoption scans).
-``air:runs:tenant:<t>``     zset    a tenant's RunIds by creation time.
+                                    Kept on purpose: one small key per prefix ever
+                                    configured (bounded by configuration, not by runs or
+                                    time); deleting it would hand a dead instance's id,
+                                    and with it its runs, to a new instance.
+``air:runs:<state>``        zset    RunIds queued / running (adoption scans). acceptRun
+                                    adds, startRun moves, finishRun removes.
+``air:runs:tenant:<t>``     zset    a tenant's RunIds by creation time. acceptRun adds;
+                                    the retention sweep (``RunIndex.prune``, run by every
+                                    runtime instance and callable by the control plane)
+                                    removes entries whose retention has passed.
+``air:runs:retention``      zset    ``<tenant>:<RunId>`` of finished runs, score = end of
+                                    retention (Redis time, ms). finishRun adds,
+                                    ``RunIndex.prune`` removes.
 ``air:srun:<SRID>``         string  SharedRun JSON. shared_runs.
 ``air:sruns[:tenant:<t>]``  zset    shared runs by creation time (all / per tenant).
 ``air:{squeue}:pending``    zset    Pending shared-queue items (score = enqueue us).
@@ -75,7 +101,8 @@ Global:
 ``air:scaleout:<id>``       string  ScaleOutRequest JSON; ``air:scaleouts`` zset index.
 ``air:control-plane``       string  control-plane discovery descriptor (TTL).
 ``air:run-outcomes``        stream  one entry per finished runtime run (RunOutcome):
-                                    runtimes write it with the run's terminal record, the
+                                    runtimes write it with the run's terminal record
+                                    (finishRun-7.lua, MAXLEN ~ OUTCOMES_MAXLEN), the
                                     control plane reads it (consumer group) to end the
                                     shared run.
 ``air:control``             pubsub  channel: execution id of every control change
@@ -301,3 +328,8 @@ def control_channel() -> str:
 def suspect_instance(instance_id: str) -> str:
     """Delivery-failure record of an instance that admission should skip for a while."""
     return f"{PREFIX}:suspect:{instance_id}"
+
+
+def runs_retention() -> str:
+    """Finished runs (``<tenant>:<RunId>``) by the end of their retention (ms)."""
+    return f"{PREFIX}:runs:retention"

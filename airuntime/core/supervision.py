@@ -112,11 +112,17 @@ class LoopContext:
     """Handed to a loop function: report progress with :meth:`ok`."""
 
     health: LoopHealth
+    owner: str = ""
+    """Who runs the loop (the supervisor's owner), for the recovery log line."""
     _first_ok: asyncio.Event = field(default_factory=asyncio.Event)
 
     def ok(self) -> None:
         """One iteration succeeded: the loop is healthy and its backoff resets."""
         h = self.health
+        if h.consecutive_errors:
+            log.warning(
+                "%s: loop %s recovered after %d failures", self.owner, h.name, h.consecutive_errors
+            )
         h.healthy = True
         h.state = LoopState.RUNNING
         h.consecutive_errors = 0
@@ -148,7 +154,7 @@ class Supervisor:
         if name in self._tasks and not self._tasks[name].done():
             raise ValueError(f"{self.owner}: a loop named {name!r} is already running")
         health = LoopHealth(name)
-        ctx = LoopContext(health)
+        ctx = LoopContext(health, self.owner)
         self.loops[name] = health
         self._contexts[name] = ctx
         task = asyncio.create_task(self._supervise(name, loop, ctx), name=f"{self.owner}:{name}")
@@ -196,13 +202,14 @@ class Supervisor:
         health.state = LoopState.BACKING_OFF
         health.last_error = f"{type(exc).__name__}: {exc}"
         health.last_error_at = time.monotonic()
-        # Full traceback once per outage, one line for the repeats.
+        # Logged once per outage (with the traceback), and once when it recovers
+        # (LoopContext.ok); the repeats in between only at debug level.
         if health.consecutive_errors == 1:
             log.warning(
                 "%s: loop %s failed; restarting with backoff", self.owner, name, exc_info=exc
             )
         else:
-            log.warning(
+            log.debug(
                 "%s: loop %s failed again (%d in a row): %s",
                 self.owner,
                 name,

@@ -349,6 +349,18 @@ class ExecutionStore:
             return ExecutionStatus(_s(reply[1]))
         return None
 
+    async def record_event(
+        self, execution_id: str, event_type: str, fields: Mapping[str, str]
+    ) -> bool:
+        """Append an entry of another component (the runtime's ``run_started``, its
+        step-slot evidence) to the execution's ledger; False when the execution's ledger
+        is gone (retention): a ledger is never recreated without its TTL."""
+        entry: dict[Any, Any] = {**fields, "type": event_type}
+        added = await self.redis.xadd(
+            keys.execution_keys(execution_id).events, entry, nomkstream=True
+        )
+        return added is not None
+
     # -- reads ---------------------------------------------------------------------
 
     async def info(self, execution_id: str) -> ExecutionInfo:

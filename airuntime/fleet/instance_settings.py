@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from airuntime.core.settings import EnvSettings
+from airuntime.fleet.run_index import DEFAULT_RUN_RETENTION_S
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
-__all__ = ["InstanceConfig", "InstanceSettings"]
+__all__ = ["RUNTIME_TOKEN_ENV", "SECRET_SETTINGS", "InstanceConfig", "InstanceSettings"]
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
@@ -69,6 +70,9 @@ class _InstanceFields(BaseModel):
     lease_ms: int = Field(default=15_000, ge=100)
     """Step claim lease in milliseconds (default 15000): a crashed instance's steps
     are recovered after this."""
+    run_retention_s: int = Field(default=DEFAULT_RUN_RETENTION_S, ge=1)
+    """Seconds a finished run stays in Redis (its record, index entries, SharedRunId
+    mapping and execution) before it expires (default 604800, 7 days)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> _InstanceFields:
@@ -123,8 +127,18 @@ class InstanceSettings(EnvSettings, _InstanceFields):
     """Seconds to wait for the control plane's discovery record at startup (default 0)."""
     settings_file: Path | None = None
     """Live settings file; default none: ``$AIRUNTIME_HOME/runtime/settings.yaml``."""
+    runtime_token: SecretStr | None = None
+    """Bearer token the control plane sends to the host's run intake and settings API
+    (a secret; default none: both answer 401). Required with the ``http`` provider."""
 
-    @field_validator("tenant_id", "tenant_group_id", "instance_id", "advertise_host", mode="before")
+    @field_validator(
+        "tenant_id",
+        "tenant_group_id",
+        "instance_id",
+        "advertise_host",
+        "runtime_token",
+        mode="before",
+    )
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         # `--tenant ""` means "no tenant", as an empty variable does.
@@ -135,3 +149,12 @@ class InstanceSettings(EnvSettings, _InstanceFields):
         return InstanceConfig.model_validate(
             self.model_dump(include=set(_InstanceFields.model_fields))
         )
+
+
+RUNTIME_TOKEN_ENV = InstanceSettings.env_var("runtime_token")
+"""``AIRUNTIME_RUNTIME_TOKEN``: the variable of the runtime API's bearer token, for
+whoever starts runtimes (the local scaler, the chart) and clients of the API."""
+
+SECRET_SETTINGS: tuple[str, ...] = ("redis_url", "runtime_token")
+"""Fields of :class:`InstanceSettings` that carry credentials: a runtime process removes
+their variables from its environment once it has read them."""

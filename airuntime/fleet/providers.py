@@ -7,13 +7,18 @@ request) or could not be reached. Delivery is idempotent by SharedRunId on the
 instance side, so a retried delivery never creates a second run.
 
 * ``local`` — an instance object in this process (tests, ``airt up`` child hosts).
-* ``redis`` — the instance's Redis stream inbox; the reply comes back on a list.
-* ``http`` — ``POST {endpoint}/v1/instances/{id}/runs``.
+* ``redis`` — the instance's Redis stream inbox; the reply comes back on a list. The
+  inbox exists only while its instance lives (``XADD NOMKSTREAM``: a request for a dead
+  instance fails at once instead of recreating its inbox), and the reply is awaited in
+  slices shorter than the client's socket timeout (:mod:`airuntime.fleet.blocking`).
+* ``http`` — ``POST {endpoint}/v1/instances/{id}/runs`` with the runtime token
+  (``Authorization: Bearer``; the runtime answers 401 without it).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any, Protocol
 
@@ -22,6 +27,7 @@ from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.core.errors import AirError
+from airuntime.fleet.blocking import block_slice_s
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunRequest
 
@@ -70,6 +76,10 @@ class LocalProvider:
         return await target.accept(request)
 
 
+INBOX_MAXLEN = 10_000
+"""Approximate cap of an instance's inbox (requests it has not read yet)."""
+
+
 class RedisProvider:
     """Delivers through ``air:instance:<id>:inbox`` and waits for the reply."""
 
@@ -81,28 +91,50 @@ class RedisProvider:
 
     async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
         reply_to = keys.reply_list(uuid.uuid4().hex)
-        await self.redis.xadd(
+        added = await self.redis.xadd(
             keys.instance_inbox(instance.instance_id),
             {"request": request.model_dump_json(), "reply_to": reply_to},
-            maxlen=10_000,
+            maxlen=INBOX_MAXLEN,
             approximate=True,
+            nomkstream=True,
         )
-        got: Any = await self.redis.blpop([reply_to], timeout=self.timeout_s)
+        if added is None:
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} has no inbox (it is not running).",
+                reason="unreachable",
+            )
+        got = await self._reply(reply_to)
         if got is None:
             raise DeliveryError(
                 f"Runtime instance {instance.instance_id} did not answer in {self.timeout_s} s.",
                 reason="timeout",
             )
-        return _parse_reply(instance.instance_id, json.loads(got[1]))
+        return _parse_reply(instance.instance_id, json.loads(got))
+
+    async def _reply(self, reply_to: str) -> Any:
+        """BLPOP in slices the connection's socket timeout allows, until ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            got: Any = await self.redis.blpop([reply_to], timeout=block_slice_s(self.redis, left))
+            if got is not None:
+                return got[1]
+        return None
 
 
 class HttpProvider:
-    """Delivers with ``POST {endpoint}/v1/instances/{id}/runs``."""
+    """Delivers with ``POST {endpoint}/v1/instances/{id}/runs``, sending the runtime token."""
 
     name = "http"
 
-    def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient | None = None,
+        timeout_s: float = 10.0,
+        *,
+        token: str | None = None,
+    ) -> None:
         self.client = client or httpx.AsyncClient(timeout=timeout_s)
+        self.token = token
 
     async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
         if not instance.endpoint:
@@ -111,15 +143,39 @@ class HttpProvider:
                 reason="unreachable",
             )
         url = f"{instance.endpoint.rstrip('/')}/v1/instances/{instance.instance_id}/runs"
+        headers = {"content-type": "application/json"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
         try:
-            resp = await self.client.post(
-                url, content=request.model_dump_json(), headers={"content-type": "application/json"}
-            )
+            resp = await self.client.post(url, content=request.model_dump_json(), headers=headers)
         except httpx.HTTPError as exc:
             raise DeliveryError(
                 f"Runtime instance {instance.instance_id} unreachable: {exc}", reason="unreachable"
             ) from None
-        return _parse_reply(instance.instance_id, resp.json())
+        if resp.status_code == 401:
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} refused the runtime token: "
+                f"{_detail(resp)}",
+                reason="unauthorized",
+            )
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise DeliveryError(
+                f"Runtime instance {instance.instance_id} answered {resp.status_code} "
+                "without a run or a refusal",
+                reason="unreachable",
+            )
+        return _parse_reply(instance.instance_id, body)
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json().get("detail", resp.text))
+    except (ValueError, AttributeError):
+        return resp.text
 
 
 def _parse_reply(instance_id: str, body: dict[str, Any]) -> str:
@@ -131,11 +187,18 @@ def _parse_reply(instance_id: str, body: dict[str, Any]) -> str:
     )
 
 
-def provider_for(name: str, *, redis: Redis, local: LocalProvider | None = None) -> RuntimeProvider:
+def provider_for(
+    name: str,
+    *,
+    redis: Redis,
+    local: LocalProvider | None = None,
+    runtime_token: str | None = None,
+) -> RuntimeProvider:
+    """The provider called ``name``; ``runtime_token`` is what the ``http`` provider sends."""
     if name == "redis":
         return RedisProvider(redis)
     if name == "http":
-        return HttpProvider()
+        return HttpProvider(token=runtime_token)
     if name == "local":
         return local or LocalProvider()
     raise ValueError(f"unknown runtime provider {name!r} (known: local, redis, http)")

@@ -1,17 +1,24 @@
 """Runtime instance registry, capacity descriptors and tenant settings in Redis.
 
 Runtime instances register themselves and publish a capacity descriptor on every
-heartbeat; the descriptor key carries a TTL, so a crashed instance disappears by
-itself. The control plane's admission, the pump's readiness gate, ``airt
-instances`` and the operator's ``visibleInstances`` all read this one registry,
-always through the tenant visibility rules of :mod:`airuntime.fleet.tenancy` when a
-tenant is asking.
+heartbeat; the descriptor key carries a TTL, so a crashed instance (or one that cannot
+reach Redis any more) disappears by itself. The control plane's admission, the pump's
+readiness gate, ``airt instances`` and the operator's ``visibleInstances`` all read
+this one registry, always through the tenant visibility rules of
+:mod:`airuntime.fleet.tenancy` when a tenant is asking.
 
 Keys (see :mod:`airuntime.core.keys`):
 
-* ``air:instances`` zset: instance id -> heartbeat expiry (ms). Entries whose score
-  is in the past are ignored by readers and pruned on the next heartbeat.
-* ``air:instance:<id>`` string: the :class:`InstanceDescriptor` JSON, with PX TTL.
+* ``air:instances`` zset: instance id -> heartbeat expiry (Redis time, ms). Pruned on
+  every publication; readers take the descriptors that still exist.
+* ``air:instance:<id>`` string: the :class:`InstanceDescriptor` JSON, with PX TTL,
+  written by ``publishInstance-2.lua``.
+
+Time: a descriptor's ``heartbeat_at_ms`` and ``capacity.snapshot_at_ms`` are **Redis
+time**, stamped by the publishing script (``TIME``), never the runtime's clock. This is
+the contract with admission: ``reserveSlot-1.lua`` compares ``snapshot_at_ms`` with its
+own ``TIME`` to decide which reservations the descriptor already reflects, so a runtime
+whose clock is off can neither drop live reservations nor keep stale ones.
 * ``air:tenant:<id>:settings`` string: :class:`~airuntime.fleet.tenancy.TenantSettings` JSON.
 * ``air:tenants`` set: tenant ids with stored settings.
 """
@@ -26,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
 
 
@@ -53,6 +61,7 @@ class CapacityDescriptor(BaseModel):
     is_queue_paused: bool
     can_accept_run: bool
     snapshot_at_ms: int
+    """When this capacity was published, Redis time (ms; see the module docstring)."""
 
     @staticmethod
     def compute(
@@ -65,9 +74,12 @@ class CapacityDescriptor(BaseModel):
         queue_capacity: int,
         max_concurrent_runs: int,
         is_queue_paused: bool,
+        controller_healthy: bool = True,
     ) -> CapacityDescriptor:
         """Derive the availability fields: CanAcceptRun = not paused and queue has room
-        and a run slot is free and a worker is free."""
+        and a run slot is free and a worker is free -- and the instance's controller
+        (which starts queued runs) is healthy, since a run accepted while it is down
+        would only wait. ``snapshot_at_ms`` is replaced by Redis time on publication."""
         available_workers = max(0, worker_count - active_worker_count)
         active_runs = queued_run_count + running_run_count
         slots = max(0, max_concurrent_runs - running_run_count)
@@ -85,7 +97,11 @@ class CapacityDescriptor(BaseModel):
             available_run_slots=slots,
             is_queue_paused=is_queue_paused,
             can_accept_run=(
-                not is_queue_paused and queue_room and slots > 0 and available_workers > 0
+                controller_healthy
+                and not is_queue_paused
+                and queue_room
+                and slots > 0
+                and available_workers > 0
             ),
             snapshot_at_ms=int(time.time() * 1000),
         )
@@ -112,6 +128,8 @@ class InstanceDescriptor(BaseModel):
     capacity: CapacityDescriptor
     control_plane_id: str | None = None
     """Logical control plane the host resolved at startup (discovery), if any."""
+    unhealthy_loops: tuple[str, ...] = ()
+    """Background loops of the instance failing right now (restarting with backoff)."""
 
     def visible_to(self, tenant: TenantSettings) -> bool:
         return is_visible(
@@ -125,19 +143,22 @@ class InstanceDescriptor(BaseModel):
 class Registry:
     """Reads and writes instance descriptors and tenant settings."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
         self.redis = redis
+        self.scripts = scripts or library()
 
     # -- instances ---------------------------------------------------------------
 
-    async def publish(self, descriptor: InstanceDescriptor, ttl_ms: int) -> None:
-        """Register or refresh an instance (one round trip)."""
-        now = int(time.time() * 1000)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.instance(descriptor.instance_id), descriptor.model_dump_json(), px=ttl_ms)
-        pipe.zadd(keys.instances(), {descriptor.instance_id: now + ttl_ms})
-        pipe.zremrangebyscore(keys.instances(), "-inf", now - 1)
-        await pipe.execute()
+    async def publish(self, descriptor: InstanceDescriptor, ttl_ms: int) -> int:
+        """Register or refresh an instance (one round trip, stamped with Redis time);
+        returns that time (ms)."""
+        reply: Any = await self.scripts.call(
+            self.redis,
+            "publishInstance",
+            [keys.instance(descriptor.instance_id), keys.instances()],
+            [descriptor.instance_id, descriptor.model_dump_json(), ttl_ms],
+        )
+        return int(reply[1])
 
     async def unregister(self, instance_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -150,9 +171,9 @@ class Registry:
         return InstanceDescriptor.model_validate_json(raw) if raw else None
 
     async def list_all(self) -> list[InstanceDescriptor]:
-        """Every live instance, regardless of tenant (operators and admins only)."""
-        now = int(time.time() * 1000)
-        ids: list[Any] = await self.redis.zrangebyscore(keys.instances(), now, "+inf")
+        """Every live instance, regardless of tenant (operators and admins only): those
+        whose descriptor has not expired (Redis decides, not this process's clock)."""
+        ids: list[Any] = await self.redis.zrange(keys.instances(), 0, -1)
         if not ids:
             return []
         raws = await self.redis.mget(

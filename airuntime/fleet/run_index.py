@@ -1,18 +1,32 @@
 """The run execution index and each runtime instance's local queue, in Redis.
 
-Keys (also listed in :mod:`airuntime.core.keys`):
+Why this module exists: a run accepted by a runtime instance must survive that
+instance (another one adopts it), must be accepted once whatever delivers it how often,
+must tell the control plane when it ends, and must not stay in Redis forever. Every
+change of a run is therefore one Lua script, so nothing is ever half-written:
 
-* ``air:run:<RunId>`` hash: the :class:`~airuntime.fleet.runs.RunRecord` fields, plus the
-  request (pipeline + inputs) so another instance can adopt the run.
-* ``air:shared-run:<SharedRunId>`` string: the RunId created for that shared run
-  (``SET NX``: delivering the same SharedRunId twice creates one RunId).
-* ``air:instance:<id>:queue`` list: RunIds accepted by that instance and not started.
-* ``air:runs:queued`` / ``air:runs:running`` zsets: RunIds by state, for adoption.
-* ``air:runs:tenant:<tenant>`` zset: a tenant's RunIds (listing under a tenant).
+* ``acceptRun-5.lua`` -- idempotent by SharedRunId: the existing RunId, or the mapping,
+  the record, the index entries and the queue entry, all at once;
+* ``startRun-4.lua`` -- the head of a local queue becomes running with its ExecutionId,
+  only if it is still queued and still that instance's;
+* ``finishRun-7.lua`` -- terminal status, out of the indexes and the queue, the
+  :class:`~airuntime.fleet.outcomes.RunOutcome` appended, retention started;
+* ``adoptRun-2.lua`` -- ownership moves from a dead (unregistered) instance to a live
+  one (compare-and-set).
+
+Keys (the table in :mod:`airuntime.core.keys` names each one's owner): the run hash
+``air:run:<RunId>`` (record + request, so another instance can adopt the run), the
+mapping ``air:shared-run:<SharedRunId>``, the local queue ``air:instance:<id>:queue``,
+the state indexes ``air:runs:queued|running``, the tenant index
+``air:runs:tenant:<tenant>`` and the retention index ``air:runs:retention``. Like the
+registry, the run index lives on one Redis (its scripts span several hash slots).
+
+Retention: a finished run's record and mapping expire after ``retention_s`` (Redis
+TTL); its tenant index entry is removed by :meth:`RunIndex.prune`, which every runtime
+instance runs periodically and the control plane may call.
 
 Reads by RunId take the caller's tenant: a run of another tenant answers "not
-found" (``None``), never its data. Ownership changes (adoption of a dead instance's
-runs) are compare-and-set on the run hash (``adoptRun-1.lua``).
+found" (``None``), never its data.
 """
 
 from __future__ import annotations
@@ -26,112 +40,233 @@ from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.errors import AirError, ScriptError
 from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
+
+__all__ = [
+    "DEFAULT_RUN_RETENTION_S",
+    "QueueFull",
+    "RunIndex",
+    "SharedRunConflict",
+]
+
+DEFAULT_RUN_RETENTION_S = 7 * 24 * 3600
+"""How long a finished run's record stays readable (seconds): 7 days, as executions."""
+
+_MAX_REASON = 2000
 
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _now() -> int:
-    return int(time.time() * 1000)
+class QueueFull(AirError):
+    """The instance's local queue holds ``capacity`` runs already; nothing was written."""
+
+    def __init__(self, instance_id: str, capacity: int) -> None:
+        super().__init__(f"The queue of {instance_id} is full ({capacity} runs).")
+        self.instance_id = instance_id
+        self.capacity = capacity
+
+
+class SharedRunConflict(AirError):
+    """A SharedRunId already has a run of another tenant; nothing was written."""
 
 
 class RunIndex:
     """Run records, idempotent acceptance and per-instance local queues."""
 
-    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        scripts: ScriptLibrary | None = None,
+        *,
+        retention_s: int = DEFAULT_RUN_RETENTION_S,
+    ) -> None:
+        if retention_s < 1:
+            raise ValueError(f"retention_s must be >= 1, got {retention_s}")
         self.redis = redis
         self.scripts = scripts or library()
+        self.retention_s = retention_s
 
-    async def accept(self, instance_id: str, request: RunRequest) -> tuple[str, bool]:
-        """Record ``request`` as queued on ``instance_id``; return (RunId, created).
+    # -- writes ------------------------------------------------------------------------
 
-        Idempotent by SharedRunId: a second delivery returns the first RunId. A crash
-        between reserving the RunId and writing the record is repaired by the next
-        delivery of the same SharedRunId.
+    async def accept(
+        self, instance_id: str, request: RunRequest, *, queue_capacity: int = 2**31
+    ) -> tuple[str, bool]:
+        """Queue ``request`` on ``instance_id`` in one step; return (RunId, created).
+
+        Idempotent by SharedRunId: every delivery after the first, to any instance,
+        returns the first RunId and writes nothing. Raises :class:`QueueFull` when the
+        local queue already holds ``queue_capacity`` runs, :class:`SharedRunConflict`
+        when the SharedRunId's run belongs to another tenant.
         """
-        run_id = f"run-{uuid.uuid4().hex}"
-        reserved = await self.redis.set(
-            keys.shared_run_to_run(request.shared_run_id), run_id, nx=True
-        )
-        if not reserved:
-            existing = _s(await self.redis.get(keys.shared_run_to_run(request.shared_run_id)))
-            if await self.redis.exists(keys.run(existing)):
-                return existing, False
-            run_id = existing  # reserved by a delivery that died before writing: finish it
-        now = _now()
         snap = request.snapshot
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(
-            keys.run(run_id),
-            mapping={
-                "run_id": run_id,
-                "shared_run_id": request.shared_run_id,
-                "instance_id": instance_id,
-                "tenant_id": snap.tenant_id,
-                "tenant_group_id": snap.tenant_group_id or "",
-                "status": RunStatus.QUEUED.value,
-                "created_at_ms": now,
-                "snapshot": snap.model_dump_json(),
-                "metadata": json.dumps(request.metadata),
-                "request": request.model_dump_json(),
-            },
+        candidate = f"run-{uuid.uuid4().hex}"
+        reply: Any = await self.scripts.call(
+            self.redis,
+            "acceptRun",
+            [
+                keys.shared_run_to_run(request.shared_run_id),
+                keys.run(candidate),
+                keys.runs_by_tenant(snap.tenant_id),
+                keys.runs_in_state(RunStatus.QUEUED),
+                keys.instance_queue(instance_id),
+            ],
+            [
+                candidate,
+                request.shared_run_id,
+                instance_id,
+                snap.tenant_id,
+                snap.tenant_group_id or "",
+                snap.model_dump_json(),
+                json.dumps(request.metadata),
+                request.model_dump_json(),
+                queue_capacity,
+            ],
         )
-        pipe.zadd(keys.runs_by_tenant(snap.tenant_id), {run_id: now})
-        pipe.zadd(keys.runs_in_state(RunStatus.QUEUED), {run_id: now})
-        pipe.rpush(keys.instance_queue(instance_id), run_id)
-        await pipe.execute()
-        return run_id, True
+        code = int(reply[0])
+        if code == 1:
+            return _s(reply[1]), True
+        if code == 2:
+            raise QueueFull(instance_id, queue_capacity)
+        if code != 0:
+            raise ScriptError(f"acceptRun returned {reply!r}")
+        existing = _s(reply[1])
+        owner = await self.redis.hget(keys.run(existing), "tenant_id")
+        if owner is not None and _s(owner) != snap.tenant_id:
+            raise SharedRunConflict(
+                f"SharedRunId {request.shared_run_id} already has a run of another tenant; "
+                f"refused for tenant {snap.tenant_id}."
+            )
+        return existing, False
 
-    async def queue_length(self, instance_id: str) -> int:
-        return int(await self.redis.llen(keys.instance_queue(instance_id)))
-
-    async def pop_queued(self, instance_id: str) -> str | None:
-        raw = await self.redis.lpop(keys.instance_queue(instance_id))
-        return _s(raw) if raw is not None else None
-
-    async def push_front(self, instance_id: str, run_id: str) -> None:
-        """Give a popped run back to the head of the queue (it could not start yet)."""
-        await self.redis.lpush(keys.instance_queue(instance_id), run_id)
-
-    async def mark_running(self, run_id: str, execution_id: str) -> None:
-        now = _now()
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(
-            keys.run(run_id),
-            mapping={
-                "status": RunStatus.RUNNING.value,
-                "execution_id": execution_id,
-                "started_at_ms": now,
-            },
+    async def start(self, instance_id: str, run_id: str, execution_id: str) -> bool:
+        """Start ``run_id`` on ``instance_id`` with ``execution_id``; False when it is no
+        longer queued there (it only left the queue)."""
+        reply: Any = await self.scripts.call(
+            self.redis,
+            "startRun",
+            [
+                keys.run(run_id),
+                keys.instance_queue(instance_id),
+                keys.runs_in_state(RunStatus.QUEUED),
+                keys.runs_in_state(RunStatus.RUNNING),
+            ],
+            [run_id, instance_id, execution_id],
         )
-        pipe.zrem(keys.runs_in_state(RunStatus.QUEUED), run_id)
-        pipe.zadd(keys.runs_in_state(RunStatus.RUNNING), {run_id: now})
-        await pipe.execute()
+        return int(reply[0]) == 1
+
+    async def finish(
+        self,
+        record: RunRecord,
+        status: RunStatus,
+        *,
+        reason: str | None = None,
+        execution_id: str | None = None,
+        step_slots: dict[str, int] | None = None,
+        only_if: RunStatus | None = None,
+    ) -> bool:
+        """Mark the run terminal and append its RunOutcome, in one step; False when it
+        was already terminal (or not in ``only_if``): then nothing changed."""
+        if not status.terminal:
+            raise ValueError(f"finish needs a terminal status, got {status.value}")
+        reply: Any = await self.scripts.call(
+            self.redis,
+            "finishRun",
+            [
+                keys.run(record.run_id),
+                keys.runs_in_state(RunStatus.QUEUED),
+                keys.runs_in_state(RunStatus.RUNNING),
+                keys.run_outcomes(),
+                keys.shared_run_to_run(record.shared_run_id),
+                keys.runs_retention(),
+                keys.instance_queue(record.instance_id),
+            ],
+            [
+                record.run_id,
+                status.value,
+                (reason or "")[:_MAX_REASON],
+                execution_id or "",
+                json.dumps(step_slots, sort_keys=True) if step_slots is not None else "",
+                self.retention_s,
+                OUTCOMES_MAXLEN,
+                only_if.value if only_if is not None else "",
+            ],
+        )
+        return int(reply[0]) == 1
 
     async def mark_finished(
         self, run_id: str, status: RunStatus, reason: str | None = None
-    ) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        mapping: dict[Any, Any] = {"status": status.value, "finished_at_ms": _now()}
-        if reason:
-            mapping["failure_reason"] = reason[:2000]
-        pipe.hset(keys.run(run_id), mapping=mapping)
-        pipe.zrem(keys.runs_in_state(RunStatus.QUEUED), run_id)
-        pipe.zrem(keys.runs_in_state(RunStatus.RUNNING), run_id)
-        await pipe.execute()
+    ) -> bool:
+        """:meth:`finish` by RunId (the record is read first); False if it is gone."""
+        loaded = await self._load(run_id)
+        if loaded is None:
+            return False
+        return await self.finish(loaded[0], status, reason=reason)
+
+    async def cancel_queued(self, record: RunRecord, reason: str) -> bool:
+        """Cancel a run that has not started: True if it was still queued (it left its
+        queue, Cancelled, with its outcome); False if it started or ended meanwhile."""
+        return await self.finish(
+            record, RunStatus.CANCELLED, reason=reason, only_if=RunStatus.QUEUED
+        )
 
     async def set_metadata(self, run_id: str, values: dict[str, str]) -> None:
         raw = await self.redis.hget(keys.run(run_id), "metadata")
-        merged = {**(json.loads(raw) if raw else {}), **values}
+        if raw is None:
+            return  # gone (retention): never recreate a record without its TTL
+        merged = {**json.loads(raw), **values}
         await self.redis.hset(keys.run(run_id), "metadata", json.dumps(merged, sort_keys=True))
 
     async def remove_queued(self, instance_id: str, run_id: str) -> bool:
         return int(await self.redis.lrem(keys.instance_queue(instance_id), 1, run_id)) > 0
 
+    async def requeue(self, instance_id: str, run_id: str) -> None:
+        """Put an adopted queued run at the end of ``instance_id``'s queue."""
+        await self.redis.rpush(keys.instance_queue(instance_id), run_id)
+
+    async def adopt(self, run_id: str, dead_instance: str, new_instance: str) -> bool:
+        """Compare-and-set ownership from a dead instance to ``new_instance``; refused
+        while ``dead_instance`` is registered."""
+        reply = await self.scripts.call(
+            self.redis,
+            "adoptRun",
+            [keys.run(run_id), keys.instance(dead_instance)],
+            [dead_instance, new_instance, int(time.time() * 1000)],
+        )
+        return int(reply) == 1
+
+    async def prune(self, *, limit: int = 1000) -> int:
+        """The retention sweep: remove the tenant index entries (and what is left of the
+        records) of runs whose retention has passed, by Redis time; how many."""
+        seconds, micros = await self.redis.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        due = await self.redis.zrangebyscore(
+            keys.runs_retention(), "-inf", now_ms, start=0, num=limit
+        )
+        if not due:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for member in map(_s, due):
+            tenant_id, _, run_id = member.partition(":")
+            pipe.zrem(keys.runs_by_tenant(tenant_id), run_id)
+            pipe.unlink(keys.run(run_id))
+            pipe.zrem(keys.runs_retention(), member)
+        await pipe.execute()
+        return len(due)
+
     # -- reads -------------------------------------------------------------------------
+
+    async def queue_length(self, instance_id: str) -> int:
+        return int(await self.redis.llen(keys.instance_queue(instance_id)))
+
+    async def head_of_queue(self, instance_id: str) -> str | None:
+        """The next run of ``instance_id``'s queue, left in place (:meth:`start` takes it)."""
+        raw = await self.redis.lindex(keys.instance_queue(instance_id), 0)
+        return _s(raw) if raw is not None else None
 
     async def _load(self, run_id: str) -> tuple[RunRecord, RunRequest] | None:
         raw = await self.redis.hgetall(keys.run(run_id))
@@ -152,6 +287,7 @@ class RunIndex:
             finished_at_ms=int(m["finished_at_ms"]) if m.get("finished_at_ms") else None,
             snapshot=ExecutionContextSnapshot.model_validate_json(m["snapshot"]),
             metadata=json.loads(m.get("metadata") or "{}"),
+            step_slots=json.loads(m["step_slots"]) if m.get("step_slots") else None,
         )
         return record, RunRequest.model_validate_json(m["request"])
 
@@ -181,10 +317,3 @@ class RunIndex:
 
     async def in_state(self, status: RunStatus, limit: int = 1000) -> list[str]:
         return [_s(r) for r in await self.redis.zrange(keys.runs_in_state(status), 0, limit - 1)]
-
-    async def adopt(self, run_id: str, dead_instance: str, new_instance: str) -> bool:
-        """Compare-and-set ownership from a dead instance to ``new_instance``."""
-        reply = await self.scripts.call(
-            self.redis, "adoptRun", [keys.run(run_id)], [dead_instance, new_instance, _now()]
-        )
-        return int(reply) == 1

@@ -63,3 +63,6 @@ class RunRecord(BaseModel):
     finished_at_ms: int | None = None
     snapshot: ExecutionContextSnapshot
     metadata: dict[str, str] = Field(default_factory=dict)
+    step_slots: dict[str, int] | None = None
+    """Step-slot evidence of the owning instance (admitted, succeeded, failed, cancelled,
+    queue_ns, execution_ns, version), recorded when the run finished."""

@@ -146,13 +146,16 @@ def test_runtime_settings_keep_their_defaults_and_variables(clean_env: pytest.Mo
         "provider": "redis",
         "heartbeat_s": 2.0,
         "lease_ms": 15_000,
+        "run_retention_s": 7 * 24 * 3600,
         "redis_url": None,
         "http_host": "127.0.0.1",
         "http_port": 0,
         "advertise_host": None,
         "wait_for_control_plane_s": 0.0,
         "settings_file": None,
+        "runtime_token": None,
     }
+    assert InstanceSettings.env_var("runtime_token") == "AIRUNTIME_RUNTIME_TOKEN"
     assert InstanceSettings.env_var("max_local_workers_per_execution") == (
         "AIRUNTIME_MAX_LOCAL_WORKERS_PER_EXECUTION"
     )

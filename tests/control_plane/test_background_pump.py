@@ -19,6 +19,7 @@ from airuntime.control_plane.dispatch import DispatchResult
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.fleet.providers import HttpProvider
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -55,6 +56,9 @@ class PollCountingRegistry(Registry):
         await asyncio.wait_for(event.wait(), 10)
 
 
+RUNTIME_TOKEN = "runtime-token-for-tests"
+
+
 async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_http(
     redis: Redis,
 ) -> None:
@@ -64,10 +68,11 @@ async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_ht
         ControlPlaneSettings(background_pump=True, scale_out_enabled=True),
         observer=observed.append,
     )
+    cp._providers["http"] = HttpProvider(token=RUNTIME_TOKEN)  # the runtimes' token
     gate_registry = PollCountingRegistry(redis)
     cp.background.registry = gate_registry
     config = InstanceConfig(provider="http", runtime_prefix="runtime-http", heartbeat_s=0.5)
-    host = RuntimeHost(redis, config, instances=2, http_port=0)
+    host = RuntimeHost(redis, config, instances=2, http_port=0, token=RUNTIME_TOKEN)
     async with running_cp(cp):
         run = await cp.submit(TINY_PIPELINE, snap())
 

@@ -21,6 +21,7 @@ from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
 from airuntime.engine.handlers import HandlerRegistry, StepContext
 from airuntime.fleet.registry import CapacityDescriptor, Registry
+from airuntime.fleet.tenancy import DEFAULT_ALLOWED_HANDLERS, TenantSettings
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
@@ -96,6 +97,10 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
     latch = Latch()
     handlers = HandlerRegistry(autoload=True)
     handlers.register("latch", latch)
+    # The default tenant may use the test's handler (runtimes check the allowlist).
+    await Registry(redis).put_tenant(
+        TenantSettings(tenant_id="default", allowed_handlers=(*DEFAULT_ALLOWED_HANDLERS, "latch"))
+    )
     host = RuntimeHost(redis, FOUR_WORKERS, instances=1, handlers=handlers)
     cp = manual_cp(redis, handlers=handlers, scale_out_enabled=False)
 

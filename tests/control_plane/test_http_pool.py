@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from airuntime.control_plane.admission import Reservation
 from airuntime.control_plane.service import ControlPlane
 from airuntime.core import keys
+from airuntime.fleet.providers import HttpProvider
 from airuntime.fleet.registry import InstanceDescriptor
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -45,6 +46,9 @@ def max_overlap(intervals: list[tuple[int, int]]) -> int:
     return peak
 
 
+RUNTIME_TOKEN = "runtime-token-for-tests"
+
+
 async def test_pooled_http_runtimes_take_fifty_hundred_step_runs_once_each_with_reservations(
     valkey: Redis,
 ) -> None:
@@ -62,11 +66,12 @@ async def test_pooled_http_runtimes_take_fifty_hundred_step_runs_once_each_with_
         heartbeat_s=0.5,
         assist=False,
     )
-    host = RuntimeHost(valkey, config, instances=3, http_port=0)
+    host = RuntimeHost(valkey, config, instances=3, http_port=0, token=RUNTIME_TOKEN)
     # The default tenant's runtime prefix is runtime-instance, not runtime-http: with
     # scale-out enabled (and no scale-out provider here) admission would park runs in
     # ScaleOutRequested once the pool is full instead of leaving them queued.
     cp = manual_cp(valkey, scale_out_enabled=False)
+    cp._providers["http"] = HttpProvider(token=RUNTIME_TOKEN)  # the runtimes' token
 
     reservations = _record_reservations(cp, valkey)
     accepted: Counter[str] = Counter()

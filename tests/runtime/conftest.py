@@ -19,7 +19,17 @@ from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import InstanceHooks, RuntimeInstance
 from runtime_pod.settings_store import SettingsStore
 from runtime_pod.step_slots import StepSlotController
-from tests.runtime.support import Gate, RunWatcher, StepCounter, handlers_with
+from tests.runtime.support import (
+    TEST_TOKEN,
+    Gate,
+    RunWatcher,
+    StepCounter,
+    handlers_with,
+    tenant_settings,
+)
+
+TEST_TENANTS = ("tenant-a", "tenant-b")
+"""Tenants whose (Shared) settings every runtime test starts with: they may use ``gate``."""
 
 
 class Runtime:
@@ -69,6 +79,8 @@ class Runtime:
 @pytest_asyncio.fixture
 async def runtime(redis: Redis) -> AsyncIterator[Runtime]:
     rt = Runtime(redis)
+    for tenant in TEST_TENANTS:
+        await rt.registry.put_tenant(tenant_settings(tenant))
     try:
         yield rt
     finally:
@@ -107,6 +119,7 @@ async def hosts(runtime: Runtime) -> AsyncIterator[MakeHost]:
             http_port=0,
             settings_store=settings_store,
             handlers=runtime.handlers,
+            token=TEST_TOKEN,
         )
         started.append(host)
         await host.start()

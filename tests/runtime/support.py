@@ -23,6 +23,7 @@ from airuntime.engine.execution_store import LedgerEvent
 from airuntime.engine.handlers import HandlerRegistry, StepContext
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunRequest
+from airuntime.fleet.tenancy import DEFAULT_ALLOWED_HANDLERS, TenantSettings
 from runtime_pod.instance import RuntimeInstance
 
 DEADLINE_S = 20.0
@@ -153,12 +154,15 @@ class HeartbeatProbe:
 
     def __init__(self, instance: RuntimeInstance) -> None:
         self.count = 0
+        self.last: InstanceDescriptor | None = None
+        """The descriptor of the latest publication."""
         self.signal = Signal()
         original = instance.registry.publish
 
         async def publish(descriptor: InstanceDescriptor, ttl_ms: int) -> None:
             await original(descriptor, ttl_ms)
             self.count += 1
+            self.last = descriptor
             self.signal.notify()
 
         instance.registry.publish = publish  # type: ignore[method-assign]
@@ -167,6 +171,17 @@ class HeartbeatProbe:
         """Wait for ``n`` more publications (n >= 2 spans one full heartbeat round)."""
         target = self.count + n
         await self.signal.wait_for(lambda: self.count >= target, f"{n} more publications")
+
+
+TEST_HANDLERS = (*DEFAULT_ALLOWED_HANDLERS, "gate")
+"""What the tests' tenants may use: the default allowlist and the ``gate`` handler."""
+TEST_TOKEN = "runtime-token-for-tests"
+"""The runtime token of the test hosts."""
+
+
+def tenant_settings(tenant_id: str, **fields: Any) -> TenantSettings:
+    """Settings of a test tenant that may use the ``gate`` handler."""
+    return TenantSettings(tenant_id=tenant_id, **{"allowed_handlers": TEST_HANDLERS, **fields})
 
 
 def snapshot(tenant: str = "tenant-a", group: str | None = None) -> ExecutionContextSnapshot:
@@ -224,17 +239,9 @@ async def eventually(
 
 
 async def crash(instance: RuntimeInstance) -> None:
-    """Kill an instance's background tasks without ``stop()`` (a crashed process).
-
-    redis-py can swallow a cancellation that lands while it acquires a connection,
-    so cancel until every task has really ended.
-    """
+    """Kill an instance's background loops without ``stop()`` (a crashed process)."""
     instance._stopping = True  # a crashed process runs no loop any more
-    pending = {t for t in instance._tasks if not t.done()}
-    while pending:
-        for t in pending:
-            t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.2)
+    await instance.supervisor.stop()  # cancels until every loop has really ended
 
 
 def subprocess_env(redis_url: str | None, **extra: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ from airuntime.fleet.registry import InstanceDescriptor
 from runtime_pod.host import RuntimeHost
 from runtime_pod.instance import RunRefused
 from tests.runtime.conftest import MakeHost, Runtime
-from tests.runtime.support import HeartbeatProbe, pipeline, request
+from tests.runtime.support import TEST_TOKEN, HeartbeatProbe, pipeline, request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,7 +49,7 @@ def _provider(name: str, host: RuntimeHost, redis: Redis, client: httpx.AsyncCli
         return local
     if name == "redis":
         return RedisProvider(redis)
-    return HttpProvider(client)
+    return HttpProvider(client, token=TEST_TOKEN)
 
 
 async def test_a_pooled_host_hosts_three_registered_dispatch_targets_but_not_itself(
@@ -72,7 +72,7 @@ async def test_a_pooled_host_hosts_three_registered_dispatch_targets_but_not_its
 
     probes = {i.instance_id: HeartbeatProbe(i) for i in host.instances}
     async with httpx.AsyncClient(timeout=10) as client:
-        delivery = HttpProvider(client)
+        delivery = HttpProvider(client, token=TEST_TOKEN)
         busy = await delivery.deliver(await _descriptor(runtime, "pool-2"), request(pipeline(2)))
         await runtime.gate.wait_entered(2)
         for probe in probes.values():
@@ -143,7 +143,9 @@ async def test_every_intake_refuses_a_request_without_snapshot_naming_it(
     else:
         async with httpx.AsyncClient(timeout=10) as client:
             resp = await client.post(
-                f"{host.endpoint}/v1/instances/{inst.instance_id}/runs", json=body
+                f"{host.endpoint}/v1/instances/{inst.instance_id}/runs",
+                json=body,
+                headers={"authorization": f"Bearer {TEST_TOKEN}"},
             )
         assert resp.status_code == 400
         answer = resp.json()

@@ -16,7 +16,7 @@ import pytest
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunStatus
-from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from airuntime.fleet.tenancy import IsolationMode
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import (
     DEADLINE_S,
@@ -26,6 +26,7 @@ from tests.runtime.support import (
     eventually,
     pipeline,
     request,
+    tenant_settings,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,7 +59,7 @@ async def test_stop_returns_even_when_a_redis_call_swallows_the_cancellation(
 
     async def publish(descriptor: InstanceDescriptor, ttl_ms: int) -> None:
         task = asyncio.current_task()
-        if armed[0] and task is not None and task.get_name().startswith("heartbeat:"):
+        if armed[0] and task is not None and task.get_name().endswith(":heartbeat"):
             armed[0] = False
             inside.set()
             try:
@@ -71,7 +72,7 @@ async def test_stop_returns_even_when_a_redis_call_swallows_the_cancellation(
     await inst.start()
     await asyncio.wait_for(inside.wait(), DEADLINE_S)
     await asyncio.wait_for(inst.stop(), DEADLINE_S)
-    assert all(t.done() for t in inst._tasks)
+    assert inst.supervisor.unhealthy() == list(inst.supervisor.loops), "every loop stopped"
     assert await runtime.registry.get("reg-1") is None
 
 
@@ -176,7 +177,7 @@ async def test_a_dedicated_tenants_run_is_never_assisted_by_instances_it_cannot_
     runtime: Runtime,
 ) -> None:
     await runtime.registry.put_tenant(
-        TenantSettings(tenant_id="tenant-a", isolation_mode=IsolationMode.DEDICATED)
+        tenant_settings("tenant-a", isolation_mode=IsolationMode.DEDICATED)
     )
     dedicated: dict[str, Any] = {
         "workers": 4,

@@ -17,19 +17,22 @@ from typing import Any
 import httpx
 import pytest
 
-from airuntime.fleet.tenancy import TenantSettings
 from runtime_pod.settings_store import SettingsStore
-from runtime_pod.step_slots import StepSlot, StepSlotController
+from runtime_pod.step_slots import SlotEvidence, StepSlot, StepSlotController
 from tests.conftest import RedisServerInfo
 from tests.runtime.conftest import MakeHost, Runtime
 from tests.runtime.support import (
     AIRT,
+    TEST_TOKEN,
     HeartbeatProbe,
     Signal,
     pipeline,
     request,
     subprocess_env,
+    tenant_settings,
 )
+
+AUTH = {"authorization": f"Bearer {TEST_TOKEN}"}
 
 pytestmark = pytest.mark.timeout(60)
 KEY = "max_concurrent_step_tasks"
@@ -85,9 +88,15 @@ async def test_one_step_slot_runs_handlers_of_two_executions_one_at_a_time_in_fi
     assert gate.max_total == 1
     for run_id in runs:
         assert await runtime.watcher.reached(run_id, "completed", "failed") == "completed"
-    for eid in set(slots.arrivals):
-        evidence = slots.evidence(eid)
-        assert (evidence.admitted, evidence.succeeded, evidence.failed) == (2, 2, 0)
+    # The evidence left the controller when each run ended: it is on the run record and
+    # in the execution's ledger, no longer in memory.
+    for run_id in runs:
+        record = await inst.run_status(run_id, "tenant-a")
+        assert record is not None and record.execution_id in slots.arrivals
+        assert record.step_slots is not None
+        counts = {k: record.step_slots[k] for k in ("admitted", "succeeded", "failed")}
+        assert counts == {"admitted": 2, "succeeded": 2, "failed": 0}
+        assert slots.evidence(record.execution_id) == SlotEvidence(), "popped"
 
 
 async def test_a_live_limit_change_over_http_and_the_cli_applies_at_once_and_persists(
@@ -106,7 +115,7 @@ async def test_a_live_limit_change_over_http_and_the_cli_applies_at_once_and_per
     await probe.rounds(2)
     assert (len(runtime.gate.inside()), inst.slots.queued) == (1, 7)
 
-    async with httpx.AsyncClient(base_url=host.endpoint, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=host.endpoint, timeout=10, headers=AUTH) as client:
         resp = await client.put(f"/v1/settings/{KEY}", json={"value": 4})
         assert resp.status_code == 200 and resp.json() == {KEY: 4}
         await runtime.gate.wait_entered(4, "raising the limit admits queued steps at once")
@@ -117,7 +126,7 @@ async def test_a_live_limit_change_over_http_and_the_cli_applies_at_once_and_per
     cli_home = tmp_path / "cli-home"
     code, out, err = await _airt(
         "runtime", "settings", "set", KEY, "6", "--endpoint", host.endpoint,
-        env=subprocess_env(None, AIRUNTIME_HOME=str(cli_home)),
+        env=subprocess_env(None, AIRUNTIME_HOME=str(cli_home), AIRUNTIME_RUNTIME_TOKEN=TEST_TOKEN),
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out) == {KEY: 6}
@@ -145,7 +154,7 @@ async def test_an_invalid_limit_over_http_is_refused_with_400_and_changes_nothin
     path = tmp_path / "settings.yaml"
     SettingsStore(path).set(KEY, 3)
     host = await hosts(settings_store=SettingsStore(path))
-    async with httpx.AsyncClient(base_url=host.endpoint, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=host.endpoint, timeout=10, headers=AUTH) as client:
         resp = await client.put(f"/v1/settings/{KEY}", json={"value": value})
     assert resp.status_code == 400, resp.text
     detail = resp.json()["detail"]
@@ -164,7 +173,7 @@ async def test_an_invalid_limit_through_the_cli_exits_2_and_changes_nothing(
     for value in ("-1", "abc", "1.5"):
         code, _, err = await _airt(
             "runtime", "settings", "set", KEY, value, "--endpoint", host.endpoint,
-            env=subprocess_env(None),
+            env=subprocess_env(None, AIRUNTIME_RUNTIME_TOKEN=TEST_TOKEN),
         )  # fmt: skip
         assert code == 2, err
         assert f"{KEY}: must be an integer >= 0, got '{value}'" in err, err
@@ -210,9 +219,7 @@ async def test_tenant_settings_published_in_redis_change_the_limit_on_the_next_h
     await probe.rounds(2)
     assert (len(runtime.gate.inside()), inst.slots.queued) == (1, 3)
 
-    await runtime.registry.put_tenant(
-        TenantSettings(tenant_id="tenant-a", max_concurrent_step_tasks=3)
-    )
+    await runtime.registry.put_tenant(tenant_settings("tenant-a", max_concurrent_step_tasks=3))
     await runtime.gate.wait_entered(3, "the operator's limit applies on the next heartbeat")
     assert inst.slots.limit == 3 and len(runtime.gate.inside()) == 3
     runtime.gate.open()

@@ -77,10 +77,11 @@ async def test_runtime_cancel_by_run_id_checks_tenant_index_before_the_local_con
         request = RunRequest(
             shared_run_id="sr-isolation", pipeline=TINY_PIPELINE, snapshot=snap("tenant-a")
         )
-        run_id = await inst.accept(request)
-        # Paused before the background controller could pop it (accept only kicked it;
-        # the controller runs after this coroutine yields): the run stays in the local queue.
+        # Queued on a paused instance (written by the run index directly: a paused
+        # intake refuses new runs), so the controller never starts it.
         inst.pause_queue()
+        run_id, created = await inst.index.accept(inst.instance_id, request)
+        assert created
         queue = keys.instance_queue(inst.instance_id)
         assert await redis.lrange(queue, 0, -1) == [run_id.encode()]
 

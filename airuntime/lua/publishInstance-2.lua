@@ -1,0 +1,28 @@
+--[[
+  Register or refresh a runtime instance: its descriptor, stamped with Redis time, with
+  a TTL, and its entry in the instance index; entries whose heartbeat expired leave the
+  index. Stamping here (not with the runtime's clock) is what lets admission compare a
+  descriptor's age with reservations by Redis time only (reserveSlot-1.lua).
+
+  Input:
+    KEYS[1] the instance's descriptor (air:instance:<id>)
+    KEYS[2] the instance index (air:instances, score = heartbeat expiry ms)
+    ARGV[1] instance id
+    ARGV[2] InstanceDescriptor JSON (compact, as pydantic writes it); the values of its
+            heartbeat_at_ms and capacity.snapshot_at_ms are replaced by Redis time (as
+            text: decoding and re-encoding would turn an empty list into an object)
+    ARGV[3] heartbeat TTL, ms
+
+  Output:
+    {1, nowMs}  published; nowMs is the Redis time written into the descriptor
+]]
+--- @include "nowMs"
+
+local now = nowMs()
+local ttl = tonumber(ARGV[3])
+local descriptor = string.gsub(ARGV[2], '"heartbeat_at_ms":%-?%d+', '"heartbeat_at_ms":' .. now, 1)
+descriptor = string.gsub(descriptor, '"snapshot_at_ms":%-?%d+', '"snapshot_at_ms":' .. now, 1)
+redis.call('SET', KEYS[1], descriptor, 'PX', ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 1)
+return {1, now}

@@ -1,0 +1,175 @@
+"""The ``redis`` provider's side on a runtime instance: its stream inbox.
+
+Why this module exists: a run request delivered through Redis must be answered once
+it was read, even when the instance loses Redis (or dies) between reading and
+answering. The reader is a consumer of the group ``runtime`` on
+``air:instance:<id>:inbox``; an entry is acknowledged and deleted only after its
+answer was pushed to the sender's reply list. On every (re)start the reader first
+re-reads the entries its consumer read but never acknowledged (``XREADGROUP`` from
+id ``0``) and claims the ones a dead consumer of the same instance (an earlier
+process under the same id) left idle for a registration TTL (``XAUTOCLAIM``, again
+every registration TTL while it reads); answering twice is harmless because
+accepting is idempotent by SharedRunId.
+
+The stream lives as long as its instance: a TTL of ten registration TTLs, refreshed
+every heartbeat; deleted on a graceful stop. Providers never create it
+(``XADD NOMKSTREAM``), so a dead instance's inbox expires and is not recreated.
+Blocking reads block in slices shorter than the client's socket timeout
+(:mod:`airuntime.fleet.blocking`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+
+from airuntime.core import keys
+from airuntime.core.supervision import LoopContext
+from airuntime.fleet.blocking import block_slice_s
+from runtime_pod.intake import RunRefused
+from runtime_pod.transient import TRANSIENT_ERRORS
+
+if TYPE_CHECKING:
+    from runtime_pod.instance import RuntimeInstance
+
+__all__ = ["GROUP", "REPLY_TTL_S", "Inbox"]
+
+log = logging.getLogger(__name__)
+
+GROUP = "runtime"
+REPLY_TTL_S = 300
+"""A reply list outlives any provider's wait for it, then expires."""
+_BATCH = 32
+_BLOCK_S = 1.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Inbox:
+    """Reads, answers and acknowledges the run requests of one instance's inbox."""
+
+    def __init__(self, instance: RuntimeInstance) -> None:
+        self.inst = instance
+        self.redis = instance.redis
+        self.stream = keys.instance_inbox(instance.instance_id)
+        self.consumer = f"{instance.instance_id}@{socket.gethostname()}"
+
+    @property
+    def ttl_ms(self) -> int:
+        return self.inst.config.heartbeat_ttl_ms * 10
+
+    async def run(self, ctx: LoopContext) -> None:
+        """The supervised loop: recover what an earlier reader left, then read."""
+        await self.ensure()
+        await self._reread_own_pending()
+        await self._claim_abandoned()
+        ctx.ok()
+        block_ms = int(block_slice_s(self.redis, _BLOCK_S) * 1000)
+        claim_every_s = self.inst.config.heartbeat_ttl_ms / 1000
+        last_claim = time.monotonic()
+        while True:
+            reply: Any = await self.redis.xreadgroup(
+                GROUP, self.consumer, {self.stream: ">"}, count=_BATCH, block=block_ms
+            )
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    await self._handle(entry_id, fields)
+            if time.monotonic() - last_claim >= claim_every_s:
+                await self._claim_abandoned()  # a consumer that died after our start
+                last_claim = time.monotonic()
+            ctx.ok()
+
+    async def ensure(self) -> None:
+        """The stream and its group exist, with the inbox TTL (idempotent)."""
+        try:
+            await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        await self.redis.pexpire(self.stream, self.ttl_ms)
+
+    async def refresh(self) -> None:
+        """Extend the inbox's life by its TTL (every heartbeat); recreate it if it
+        expired meanwhile (an outage longer than the TTL)."""
+        if not await self.redis.pexpire(self.stream, self.ttl_ms):
+            await self.ensure()
+
+    async def delete(self) -> None:
+        """Graceful stop: the inbox goes with the instance (unanswered requests time
+        out at their senders, which deliver them elsewhere)."""
+        await self.redis.delete(self.stream)
+
+    async def _reread_own_pending(self) -> None:
+        """Entries this consumer read before a drop and never acknowledged."""
+        while True:
+            reply: Any = await self.redis.xreadgroup(
+                GROUP, self.consumer, {self.stream: "0"}, count=_BATCH
+            )
+            entries = [e for _, batch in reply or [] for e in batch]
+            if not entries:
+                return
+            for entry_id, fields in entries:
+                await self._handle(entry_id, fields)
+
+    async def _claim_abandoned(self) -> None:
+        """Entries another consumer (a dead process of this instance) left idle."""
+        cursor = "0-0"
+        while True:
+            reply: Any = await self.redis.xautoclaim(
+                self.stream,
+                GROUP,
+                self.consumer,
+                min_idle_time=self.inst.config.heartbeat_ttl_ms,
+                start_id=cursor,
+                count=_BATCH,
+            )
+            cursor, entries = _text(reply[0]), reply[1]
+            if entries:
+                log.warning(
+                    "%s claimed %d abandoned inbox entries", self.inst.instance_id, len(entries)
+                )
+            for entry_id, fields in entries:
+                await self._handle(entry_id, fields)
+            if cursor == "0-0":
+                return
+
+    async def _handle(self, entry_id: Any, fields: Any) -> None:
+        """Answer one entry, then acknowledge and delete it (in that order)."""
+        if fields:  # an entry deleted while pending comes back without fields
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            answer = await self._answer(f.get("request", ""))
+            if f.get("reply_to"):
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.rpush(f["reply_to"], json.dumps(answer))
+                pipe.expire(f["reply_to"], REPLY_TTL_S)
+                await pipe.execute()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xack(self.stream, GROUP, entry_id)
+        pipe.xdel(self.stream, entry_id)
+        await pipe.execute()
+
+    async def _answer(self, raw: str) -> dict[str, Any]:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        try:
+            if not isinstance(body, dict):
+                raise RunRefused("run request: not a JSON object", reason="invalid")
+            # accept() validates the dict and names the offending field
+            # (e.g. "run request snapshot: Field required").
+            return {"run_id": await self.inst.accept(body)}
+        except RunRefused as exc:
+            return {"error": str(exc), "reason": exc.reason}
+        except TRANSIENT_ERRORS:
+            raise  # unanswered and unacknowledged: re-read after the restart
+        except Exception as exc:  # a request that breaks accept() must not block the inbox
+            log.exception("%s: inbox request failed", self.inst.instance_id)
+            return {"error": f"internal error: {type(exc).__name__}", "reason": "error"}

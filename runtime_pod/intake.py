@@ -1,0 +1,129 @@
+"""What a runtime instance checks before a run enters its local queue.
+
+Why this module exists: a run reaches an instance by a local call, through its Redis
+inbox or through the HTTP intake, and pipeline authors are untrusted tenants. Every
+path ends in :func:`accept_run`, so every path refuses the same way, before anything
+is written:
+
+* ``invalid`` -- the request does not validate (no ExecutionContextSnapshot, ...), or
+  its pipeline does not compile with the registered handlers **and the tenant's
+  allowlist** (``TenantSettings.allowed_handlers``; the message names the step and
+  the handler);
+* ``not_visible`` -- the snapshot's tenant may not use this instance
+  (:func:`airuntime.fleet.tenancy.is_visible`, with the tenant's settings from the
+  registry: a tenant-A run posted straight to tenant B's Dedicated runtime);
+* ``conflict`` -- the SharedRunId already has a run of another tenant;
+* ``stopping`` / ``paused`` / ``queue_full``.
+
+A SharedRunId delivered again (to this or any instance) returns the RunId it already
+has, whatever the instance's state: acceptance is one script (``acceptRun-5.lua``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from airuntime.core.errors import AirError
+from airuntime.core.validation import format_validation_error
+from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.fleet.run_index import QueueFull, SharedRunConflict
+from airuntime.fleet.runs import RunRequest
+from airuntime.fleet.tenancy import TenantSettings
+
+if TYPE_CHECKING:
+    from runtime_pod.instance import RuntimeInstance
+
+__all__ = ["REFUSAL_HTTP_STATUS", "RunRefused", "accept_run", "parse_request"]
+
+
+class RunRefused(AirError):
+    """The instance will not take the run; ``reason`` is a short machine-readable code."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+REFUSAL_HTTP_STATUS: dict[str, int] = {"invalid": 400, "not_visible": 403}
+"""HTTP status of a refusal by reason; any other reason is 409 (the instance's state)."""
+
+
+def parse_request(request: RunRequest | dict[str, Any]) -> RunRequest:
+    """A validated request; ``invalid`` naming the offending field otherwise."""
+    if isinstance(request, RunRequest):
+        return request
+    try:
+        return RunRequest.model_validate(request)
+    except ValidationError as exc:
+        problem = format_validation_error(exc, with_value=False)
+        raise RunRefused(f"run request {problem}", reason="invalid") from None
+
+
+async def accept_run(inst: RuntimeInstance, raw: RunRequest | dict[str, Any]) -> tuple[str, bool]:
+    """Check ``raw`` against ``inst`` and queue it; (RunId, created)."""
+    request = parse_request(raw)
+    tenant = await inst.registry.tenant(request.snapshot.tenant_id)
+    _check_visible(inst, tenant)
+    existing = await _existing_run(inst, request)
+    if existing is not None:
+        return existing, False
+    if inst.stopping:
+        raise RunRefused(
+            f"Runtime instance {inst.instance_id} is shutting down.", reason="stopping"
+        )
+    if inst.paused:
+        raise RunRefused(f"The queue of {inst.instance_id} is paused.", reason="paused")
+    try:
+        compile_pipeline(
+            parse_pipeline(request.pipeline),
+            inst.handlers,
+            allowed_handlers=tenant.allowed_handlers,
+        )
+    except PipelineError as exc:
+        raise RunRefused(f"run request pipeline: {exc}", reason="invalid") from None
+    try:
+        return await inst.index.accept(
+            inst.instance_id, request, queue_capacity=inst.config.queue_capacity
+        )
+    except QueueFull as exc:
+        raise RunRefused(str(exc), reason="queue_full") from None
+    except SharedRunConflict as exc:
+        raise RunRefused(str(exc), reason="conflict") from None
+
+
+def _check_visible(inst: RuntimeInstance, tenant: TenantSettings) -> None:
+    if inst.may_serve(tenant):
+        return
+    cfg = inst.config
+    owner = " and ".join(
+        part
+        for part in (
+            f"tenant {cfg.tenant_id}" if cfg.tenant_id else "",
+            f"group {cfg.tenant_group_id}" if cfg.tenant_group_id else "",
+        )
+        if part
+    )
+    what = f"a {cfg.isolation_mode.value} runtime" + (f" of {owner}" if owner else "")
+    raise RunRefused(
+        f"Tenant {tenant.tenant_id} ({tenant.isolation_mode.value}) may not use runtime "
+        f"instance {inst.instance_id} ({what}).",
+        reason="not_visible",
+    )
+
+
+async def _existing_run(inst: RuntimeInstance, request: RunRequest) -> str | None:
+    """The RunId of an earlier delivery of this SharedRunId, if its tenant is the
+    request's (a paused, full or stopping instance still answers a redelivery)."""
+    existing = await inst.index.run_for_shared(request.shared_run_id)
+    if existing is None:
+        return None
+    loaded = await inst.index.get_unchecked(existing)
+    if loaded is not None and loaded[0].tenant_id != request.snapshot.tenant_id:
+        raise RunRefused(
+            f"SharedRunId {request.shared_run_id} already has a run of another tenant; "
+            f"refused for tenant {request.snapshot.tenant_id}.",
+            reason="conflict",
+        )
+    return existing

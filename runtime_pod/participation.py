@@ -1,0 +1,248 @@
+"""One runtime instance's part in one run: owning it from start to outcome, or assisting.
+
+Why this module exists: what happens between "the controller started the run" and "the
+run is finished" is the part of a runtime that must hold under faults. The owner
+compiles the pipeline with the tenant's handler allowlist, creates the execution
+(idempotent by ExecutionId), runs it with the instance's workers and, when the
+execution is terminal, records the run's end: its step-slot evidence goes into the
+execution's ledger and into the run record, and the run is marked finished together
+with its :class:`~airuntime.fleet.outcomes.RunOutcome` (``finishRun-7.lua``). Every one
+of these steps is idempotent, so a transient Redis failure is waited out and the step
+repeated (:mod:`runtime_pod.transient`) instead of ending the participation; a run is
+never left "running" because Redis was away for a moment.
+
+A helper (assistance) only lends workers to the execution and gives its evidence to
+the ledger; it never decides the run's outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from airuntime.core import keys
+from airuntime.core.context import use_context
+from airuntime.core.errors import AirError
+from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
+from airuntime.engine.status import ExecutionStatus
+from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
+from runtime_pod.transient import TRANSIENT_ERRORS, retry_transient
+
+if TYPE_CHECKING:
+    from runtime_pod.instance import RuntimeInstance
+
+__all__ = ["PARTICIPATION_LOOP", "Participation"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+PARTICIPATION_LOOP = "participation"
+"""The ``loop`` label under which participations count the Redis failures they waited out."""
+
+_TERMINAL_TO_RUN = {
+    ExecutionStatus.SUCCEEDED: RunStatus.COMPLETED,
+    ExecutionStatus.FAILED: RunStatus.FAILED,
+    ExecutionStatus.CANCELLED: RunStatus.CANCELLED,
+}
+
+
+class Participation:
+    """The body of one participation task (see the module docstring)."""
+
+    def __init__(
+        self,
+        instance: RuntimeInstance,
+        record: RunRecord,
+        request: RunRequest,
+        workers: int,
+        *,
+        assisting: bool,
+    ) -> None:
+        self.inst = instance
+        self.record = record
+        self.request = request
+        self.workers = workers
+        self.assisting = assisting
+        self.execution_id = record.execution_id or f"ex-{uuid.uuid4().hex}"
+
+    async def run(self) -> None:
+        with use_context(self.record.snapshot):
+            try:
+                if self.assisting:
+                    await self._assist()
+                else:
+                    await self._own()
+            finally:
+                # Whatever happened (cancelled at shutdown, a bug), the evidence of this
+                # execution must not stay in the slot controller's memory.
+                self._take_evidence()
+
+    # -- owner ---------------------------------------------------------------------
+
+    async def _own(self) -> None:
+        if not await self._still_ours():
+            return
+        plan = await self._plan()
+        if plan is None:
+            return
+        eid = self.execution_id
+        try:
+            await self._retry(
+                "creating the execution",
+                lambda: self.inst.store.create(
+                    plan,
+                    execution_id=eid,
+                    context=self.record.snapshot,
+                    inputs=self.request.inputs,
+                    retention_s=self.inst.config.run_retention_s,
+                ),
+            )
+        except AirError as exc:
+            await self._finish(RunStatus.FAILED, str(exc))
+            return
+        await self._started()
+        try:
+            final = await self._retry(
+                "executing", lambda: self.inst.pool.run(eid, workers=self.workers)
+            )
+        except AirError as exc:
+            await self._finish(RunStatus.FAILED, str(exc))
+            return
+        except Exception as exc:  # a bug must end the run, not leave it "running"
+            log.exception("run %s: execution %s failed", self.record.run_id, eid)
+            await self._finish(RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        # Idempotent: confirms the terminal state and takes the execution out of the
+        # engine's active set (nothing else does for executions a runtime ran).
+        await self._retry("finalizing the execution", lambda: self.inst.store.finalize(eid))
+        status = _TERMINAL_TO_RUN.get(final, RunStatus.FAILED)
+        await self._finish(status, None if status is RunStatus.COMPLETED else str(final))
+
+    async def _still_ours(self) -> bool:
+        """The run is still running here: a resumption decided on a stale read (the
+        previous participation finished it meanwhile) does nothing."""
+        loaded = await self._retry(
+            "reading the run", lambda: self.inst.index.get_unchecked(self.record.run_id)
+        )
+        if loaded is None:
+            return False
+        current = loaded[0]
+        return current.status is RunStatus.RUNNING and current.instance_id == self.inst.instance_id
+
+    async def _plan(self) -> Plan | None:
+        """The pipeline compiled with the tenant's allowlist; a refusal fails the run
+        (owner) or skips the assist (helper)."""
+        tenant = await self._retry(
+            "reading the tenant settings", lambda: self.inst.registry.tenant(self.record.tenant_id)
+        )
+        try:
+            return compile_pipeline(
+                parse_pipeline(self.request.pipeline),
+                self.inst.handlers,
+                allowed_handlers=tenant.allowed_handlers,
+            )
+        except PipelineError as exc:
+            # A helper that cannot run this pipeline (e.g. lacks a handler) just does
+            # not assist; the run is the owner's to fail, not the helper's.
+            if not self.assisting:
+                await self._finish(RunStatus.FAILED, f"pipeline: {exc}", created=False)
+            return None
+
+    async def _started(self) -> None:
+        inst, record = self.inst, self.record
+        ledger = {
+            "run_id": record.run_id,
+            "runtime.instance.id": inst.instance_id,
+            "assigned.runtime.instance.id": self.request.metadata.get(
+                "assigned.runtime.instance.id", inst.instance_id
+            ),
+            "max.local.workers.per.execution": str(inst.config.max_local_workers_per_execution),
+            "effective.worker.count.per.execution": str(self.workers),
+            "tenant.id": record.tenant_id,
+            "tenant.groupId": record.tenant_group_id or "",
+            "runtime.isolation.mode": inst.config.isolation_mode.value,
+        }
+        eid = self.execution_id
+        await self._retry(
+            "recording the start", lambda: inst.store.record_event(eid, "run_started", ledger)
+        )
+        metadata = {k: v for k, v in ledger.items() if "." in k}
+        await self._retry(
+            "recording the start", lambda: inst.index.set_metadata(record.run_id, metadata)
+        )
+        inst.run_state(record.run_id, RunStatus.RUNNING)
+
+    async def _finish(self, status: RunStatus, reason: str | None, *, created: bool = True) -> None:
+        """Evidence to the ledger, then the run finished with its outcome (one script)."""
+        evidence = self._take_evidence()
+        if created:
+            await self._record_evidence(evidence)
+        finished = await self._retry(
+            "finishing the run",
+            lambda: self.inst.index.finish(
+                self.record,
+                status,
+                reason=reason,
+                execution_id=self.execution_id if created else None,
+                step_slots=evidence,
+            ),
+        )
+        if finished:
+            self.inst.run_state(self.record.run_id, status)
+
+    # -- helper ----------------------------------------------------------------------
+
+    async def _assist(self) -> None:
+        eid = self.execution_id
+        try:
+            if await self._plan() is None:
+                return
+            await self.inst.pool.run(eid, workers=self.workers)
+        except AirError as exc:
+            # The owner decides the run; a helper that cannot go on just stops helping.
+            log.info("%s stops assisting %s: %s", self.inst.instance_id, eid, exc)
+        except TRANSIENT_ERRORS as exc:
+            log.info(
+                "%s stops assisting %s: Redis unavailable: %s", self.inst.instance_id, eid, exc
+            )
+        finally:
+            evidence = self._take_evidence()
+            with contextlib.suppress(Exception):
+                await self._record_evidence(evidence, retry=False)
+            with contextlib.suppress(Exception):
+                await self.inst.redis.delete(keys.assist_lease(eid, self.inst.instance_id))
+
+    # -- shared ------------------------------------------------------------------------
+
+    def _take_evidence(self) -> dict[str, int]:
+        """This instance's step-slot evidence of the execution, removed from memory."""
+        evidence = self.inst.slots.pop_evidence(self.execution_id)
+        return evidence.to_dict()
+
+    async def _record_evidence(self, evidence: dict[str, int], *, retry: bool = True) -> None:
+        fields = {k: str(v) for k, v in evidence.items()}
+        fields["runtime.instance.id"] = self.inst.instance_id
+        fields["assisting"] = "1" if self.assisting else "0"
+        eid = self.execution_id
+
+        def write() -> Awaitable[bool]:
+            return self.inst.store.record_event(eid, "step_slots", fields)
+
+        if retry:
+            await self._retry("recording the step-slot evidence", write)
+        else:
+            await write()
+
+    async def _retry(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        return await retry_transient(
+            f"{self.inst.instance_id}: run {self.record.run_id}: {what}",
+            attempt,
+            on_retry=self._count,
+        )
+
+    def _count(self, exc: BaseException) -> None:
+        self.inst.loop_failed(PARTICIPATION_LOOP, exc)
