@@ -4,7 +4,8 @@
 - ``sleep`` (:func:`sleep`): waits ``seconds`` (cancellable), output ``value`` or ``None``.
 - ``echo`` (:func:`echo`): output ``value``, or the whole ``with`` mapping if it has none.
 - ``template`` (:func:`template`): ``string.Template(template).safe_substitute(values)``.
-- ``python`` (:func:`python_call`): calls ``callable: "pkg.mod:func"`` with ``args``/``kwargs``.
+- ``python`` (:func:`python_call`): calls ``callable: "pkg.mod:func"`` with ``args``/``kwargs``,
+  only in the modules the platform allows (``AIRUNTIME_PYTHON_HANDLER_MODULES``).
 - ``http`` (:func:`http_request`): ``method``, ``url``, ``headers``, ``json``, ``timeout_s``.
 - ``input`` (:func:`input_step`): never run by workers, the engine completes input steps.
 - ``fail`` (:func:`flaky`): fails the first ``fail_attempts`` attempts, then outputs ``value``.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib
 import inspect
 import json
 import math
@@ -31,6 +31,8 @@ from airuntime.engine.handlers import (
     TransientError,
     shared_executor,
 )
+from airuntime.engine.handlers.python_policy import CallableRefused, resolve_callable
+from airuntime.engine.handlers.settings import handler_settings
 
 if TYPE_CHECKING:
     import httpx
@@ -113,31 +115,24 @@ async def template(ctx: StepContext) -> str:
 
 
 def _import_callable(ctx: StepContext, spec: Any) -> Any:
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise StepFailed(
-            f"step {ctx.step_id!r}: with.callable must look like 'package.module:function' "
-            f"(value={spec!r})"
-        )
-    module_name, _, attr_path = spec.partition(":")
+    modules = handler_settings().python_handler_modules
     try:
-        target: Any = importlib.import_module(module_name)
+        return resolve_callable(spec, modules)
+    except CallableRefused as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: with.callable {exc}") from None
     except ImportError as exc:
-        raise StepFailed(f"step {ctx.step_id!r}: cannot import {module_name!r}: {exc}") from exc
-    for attr in attr_path.split("."):
-        try:
-            target = getattr(target, attr)
-        except AttributeError as exc:
-            raise StepFailed(f"step {ctx.step_id!r}: {spec!r} not found: {exc}") from exc
-    if not callable(target):
-        raise StepFailed(f"step {ctx.step_id!r}: {spec!r} is not callable")
-    return target
+        raise StepFailed(f"step {ctx.step_id!r}: cannot import {spec!r}: {exc}") from exc
+    except AttributeError as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: {spec!r} not found: {exc}") from exc
 
 
 async def python_call(ctx: StepContext) -> Any:
     """Import ``with.callable`` (``"pkg.mod:func"``) and call it with ``args``/``kwargs``.
 
-    Coroutine functions are awaited on the loop, plain functions run in the shared handler
-    thread pool.  Note: this runs arbitrary importable code, like any handler would.
+    Only callables of the modules the platform allows (``AIRUNTIME_PYTHON_HANDLER_MODULES``,
+    see :mod:`~airuntime.engine.handlers.python_policy`) can be named; the check runs when
+    the pipeline compiles and again here. Coroutine functions are awaited on the loop,
+    plain functions run in the shared handler thread pool.
     """
     inputs = _mapping(ctx)
     fn = _import_callable(ctx, inputs.get("callable"))
