@@ -90,6 +90,24 @@ class StopResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RenewResult:
+    """The execution status and, per step, whether its lease was extended (False: the
+    claim is lost, stop the step)."""
+
+    status: ExecutionStatus
+    alive: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """What workers of an execution must know to react to pause, resume and cancel."""
+
+    status: ExecutionStatus
+    cancel_requested: bool
+    """A cancel was accepted (the execution is Cancelling, or ended Cancelled)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PruneResult:
     """One pass of :meth:`ExecutionStore.prune_index`."""
 
@@ -335,12 +353,13 @@ class ExecutionStore:
 
     async def renew(
         self, execution_id: str, lease_ms: int, items: Sequence[tuple[str, str]]
-    ) -> list[bool]:
+    ) -> RenewResult:
+        """Extend the leases of ``(step, token)`` claims by ``lease_ms`` from now."""
         args: list[Any] = [lease_ms]
         for step, token in items:
             args += [step, token]
         reply = await self._call("renewClaims", execution_id, args)
-        return [_i(c) == OK for c in reply[1:]]
+        return RenewResult(ExecutionStatus(_s(reply[0])), [_i(c) == OK for c in reply[1:]])
 
     async def recover(self, execution_id: str, limit: int = 1000) -> RecoverResult:
         reply = await self._call("recoverStale", execution_id, [limit])
@@ -454,6 +473,18 @@ class ExecutionStore:
             finished_at_ms=int(m["finished_at"]) if m.get("finished_at") else None,
             context=ctx,
         )
+
+    async def control_state(self, execution_id: str) -> ControlState:
+        """One read of the execution's status and control field."""
+        status, control = await self.redis.hmget(
+            keys.execution_keys(execution_id).meta, ["status", "control"]
+        )
+        if status is None:
+            raise ExecutionNotFound(
+                f"Execution {execution_id} does not exist.", execution_id=execution_id
+            )
+        cancel_requested = control is not None and _s(control) == "cancel"
+        return ControlState(ExecutionStatus(_s(status)), cancel_requested)
 
     async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
         """Up to ``count`` ready throttled steps, in plan order (they are claimed one by

@@ -375,7 +375,7 @@ async def test_claim_returns_outputs_of_referenced_steps(store: ExecutionStore) 
 async def test_renewal_extends_live_claims_and_reports_lost_ones(store: ExecutionStore) -> None:
     eid = await store.create(plan_of({"a": [], "b": []}))
     a, b = (await store.claim(eid, "w", 2, 30_000)).claims
-    assert await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")]) == [
+    assert (await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")])).alive == [
         True,
         False,
     ]
