@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -17,7 +18,13 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime.engine.execution_store import ExecutionStore, LedgerEvent
-from airuntime.engine.handlers import HandlerRegistry, StepCancelled, StepContext, builtin
+from airuntime.engine.handlers import (
+    HandlerRegistry,
+    StepCancelled,
+    StepContext,
+    builtin,
+    set_shared_executor,
+)
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from runtime_pod.step_slots import StepSlotController
@@ -190,10 +197,6 @@ async def test_a_step_waiting_for_a_step_slot_never_runs_after_the_cancel(
 
 async def test_a_sync_handler_queued_for_a_thread_never_starts(store: ExecutionStore) -> None:
     """More sync steps than handler threads: the ones still queued are withdrawn."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from airuntime.engine import handlers
-
     latch = Latch()
     finished: list[str] = []
     started: list[str] = []
@@ -207,15 +210,14 @@ async def test_a_sync_handler_queued_for_a_thread_never_starts(store: ExecutionS
     plan = plan_of({f"s{i}": [] for i in range(4)}, uses="busy", registry=reg)
     eid = await store.create(plan)
     one_thread = ThreadPoolExecutor(max_workers=1)
-    original = handlers._executor
-    handlers._executor = one_thread
+    original = set_shared_executor(one_thread)
     try:
         pool = WorkerPool(store, reg, PoolSettings(workers=4))
         run = await _run_until(pool, eid, latch, 1)
         await store.cancel(eid)
         assert await run is CANCELLED
     finally:
-        handlers._executor = original
+        set_shared_executor(original)
         one_thread.shutdown(wait=True)
     assert len(started) == 1 and finished == []
     assert len(stopped_steps(await store.events(eid))) == 4

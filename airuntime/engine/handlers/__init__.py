@@ -71,6 +71,7 @@ __all__ = [
     "handler",
     "invoke",
     "is_async_handler",
+    "set_shared_executor",
     "shared_executor",
 ]
 
@@ -337,6 +338,17 @@ def shared_executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(thread_name_prefix="airuntime-handler")
         return _executor
+
+
+def set_shared_executor(executor: ThreadPoolExecutor | None) -> ThreadPoolExecutor | None:
+    """Replace the thread pool that runs sync handlers (None: a default one is created on
+    next use); returns the previous one, which the caller shuts down if it wants to. A
+    process whose sync handlers block for long (each holds a thread until it returns or
+    notices a cancel) sizes the pool for them."""
+    global _executor
+    with _executor_lock:
+        previous, _executor = _executor, executor
+    return previous
 
 
 def is_async_handler(fn: Callable[..., Any]) -> bool:
