@@ -267,6 +267,9 @@ class Participation:
                 return  # the periodic check and the next reply will tell
             except ExecutionNotFound:
                 return
+            except Exception:  # a read that failed otherwise: the next one tries again
+                log.exception("reading the control state of %s failed", self.eid)
+                return
             if state.cancel_requested:
                 self.cancel_running()
             self.observe(state.status)

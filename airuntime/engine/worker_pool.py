@@ -21,6 +21,7 @@ expire, and another worker recovers the step with its attempt count unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import uuid
@@ -117,7 +118,8 @@ class WorkerPool:
                 del self._participations[participation.eid]
         if not self._participations and self.control_feed is not None:
             feed, self.control_feed = self.control_feed, None
-            await feed.stop()
+            # Shielded: a second cancel of the caller must not leave the feed running.
+            await asyncio.shield(feed.stop())
 
     def _notice(self, execution_id: str | None) -> None:
         """A control notice for ``execution_id`` (None: for every execution)."""

@@ -133,7 +133,9 @@ async def python_call(ctx: StepContext) -> Any:
     Only callables of the modules the platform allows (``AIRUNTIME_PYTHON_HANDLER_MODULES``,
     see :mod:`~airuntime.engine.handlers.python_policy`) can be named; the check runs when
     the pipeline compiles and again here. Coroutine functions are awaited on the loop,
-    plain functions run in the shared handler thread pool.
+    plain functions run in the shared handler thread pool (a cancelled step stops
+    waiting for them, but a plain function, which gets no context to look at, runs to
+    its end in its thread).
     """
     inputs = _mapping(ctx)
     fn = _import_callable(ctx, inputs.get("callable"))
