@@ -27,6 +27,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 
+from airuntime.core.transient import retry_transient
 from airuntime.engine.concurrency import AdmissionPolicy, ConcurrencyLeases, ZeroLimitPolicy
 from airuntime.engine.control_feed import ControlFeed
 from airuntime.engine.execution_store import ExecutionStore
@@ -85,19 +86,32 @@ class WorkerPool:
         self._participations: dict[str, set[Participation]] = {}
 
     async def run(self, execution_id: str, *, workers: int | None = None) -> ExecutionStatus:
-        """Participate in ``execution_id`` until it is finalized; return its terminal status."""
+        """Participate in ``execution_id`` until it is finalized; return its terminal status.
+        A Redis outage delays this (the participation waits for the server), it does not
+        end it."""
         n = workers if workers is not None else self.settings.workers
         if n < 1:
             raise ValueError(f"workers must be >= 1, got {n}")
-        plan = await self.store.load_plan(execution_id)
-        run_inputs = await self.store.run_inputs(execution_id)
-        info = await self.store.info(execution_id)
-        participation = Participation(self, execution_id, plan, run_inputs, info.tenant_id, n)
+        participation = await retry_transient(
+            lambda: self._participation(execution_id, n),
+            what=f"joining {execution_id}",
+            backoff=self.settings.redis_backoff,
+            on_error=self._redis_error,
+        )
         self._enter(participation)
         try:
             return await participation.run()
         finally:
             await self._leave(participation)
+
+    async def _participation(self, execution_id: str, workers: int) -> Participation:
+        plan = await self.store.load_plan(execution_id)
+        run_inputs = await self.store.run_inputs(execution_id)
+        info = await self.store.info(execution_id)
+        return Participation(self, execution_id, plan, run_inputs, info.tenant_id, workers)
+
+    def _redis_error(self, exc: BaseException) -> None:
+        self.stats.redis_errors += 1
 
     def _enter(self, participation: Participation) -> None:
         self._participations.setdefault(participation.eid, set()).add(participation)
