@@ -3,7 +3,11 @@
 Keeping the schema in one module makes it reviewable (this docstring is the table),
 keeps Lua scripts and Python in agreement about key order, and keeps every key of
 one execution in one hash slot (``{e:<ExecutionId>}``) so multi-key scripts work on
-Redis Cluster.
+Redis Cluster. The exception are the two execution indexes (``air:executions``,
+``air:executions:active``): the scripts that create or finalize an execution also
+update them, atomically with the transition, so an index never names an execution
+that is not there or forgets one that is; on Redis Cluster those scripts (``-22`` and
+``-23`` key counts, :meth:`ExecutionKeys.for_script`) span two or three slots.
 
 Per execution (hash tag ``{e:<eid>}``; all get the execution's retention TTL when the
 execution is finalized; before that they have no TTL):
@@ -45,8 +49,13 @@ key                                    type    content / written by
 Global:
 
 ==========================  ======  ========================================================
-``air:executions``          zset    execution id -> created ms (listing). Python, after create.
-``air:executions:active``   zset    non-terminal executions (adoption by other instances).
+``air:executions``          zset    execution id -> created ms (listing). createExecution
+                                    adds it; :meth:`ExecutionStore.prune_index
+                                    <airuntime.engine.execution_store.ExecutionStore.prune_index>`
+                                    (the control plane's retention loop) removes the ids
+                                    whose execution keys expired. Its owner is the engine.
+``air:executions:active``   zset    non-terminal executions: createExecution adds, the
+                                    script that finalizes removes (``finalize`` include).
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
                                     lease expiry ms. acquireLease/renewLease/releaseLease.
 ``air:instances``           zset    runtime instance id -> heartbeat expiry ms (Redis time).
@@ -161,6 +170,16 @@ class ExecutionKeys:
 
     def all(self) -> list[str]:
         return [f"{self.tag}:{s}" for s in EXECUTION_KEY_SUFFIXES]
+
+    def for_script(self, num_keys: int) -> list[str]:
+        """KEYS of an execution script taking ``num_keys`` keys: the execution's keys
+        (21), then ``air:executions:active`` (22: scripts that can finalize remove the
+        execution from it), then ``air:executions`` (23: ``createExecution`` lists it)."""
+        extra = [active_executions(), executions_index()]
+        base = len(EXECUTION_KEY_SUFFIXES)
+        if not base <= num_keys <= base + len(extra):
+            raise ValueError(f"no execution script takes {num_keys} keys")
+        return self.all() + extra[: num_keys - base]
 
     @property
     def meta(self) -> str:

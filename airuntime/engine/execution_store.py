@@ -9,7 +9,6 @@ its own, so any number of stores in any number of processes may drive one execut
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,13 @@ class Claim:
     attempt: int
     ref_outputs: dict[str, Any]
 
+    @property
+    def sequence(self) -> int:
+        """The claim's number in its execution (``claim_seq``): every claim of an
+        execution gets a higher one than all claims before it, so a claim that replaced
+        a lost one (recovery) always carries a higher number."""
+        return int(self.token.rsplit("#", 1)[1])
+
 
 class FailOutcome(StrEnum):
     """What ``failStep`` did with a failed attempt."""
@@ -72,6 +78,45 @@ class CompletionResult:
     codes: list[int]
     throttled_ready: int = 0
     claims: list[Claim] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult:
+    """What ``stopSteps`` did: the execution status after it and one code per step
+    (:data:`~airuntime.core.errors.OK` stopped, negative: an engine error code)."""
+
+    status: ExecutionStatus
+    codes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    """The execution status and, per step, whether its lease was extended (False: the
+    claim is lost, stop the step)."""
+
+    status: ExecutionStatus
+    alive: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """What workers of an execution must know to react to pause, resume and cancel."""
+
+    status: ExecutionStatus
+    cancel_requested: bool
+    """A cancel was accepted (the execution is Cancelling, or ended Cancelled)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """One pass of :meth:`ExecutionStore.prune_index`."""
+
+    examined: int
+    """Index entries looked at (both indexes)."""
+    unlisted: int
+    """Executions removed from ``air:executions``: their keys had expired."""
+    deactivated: int
+    """Executions removed from ``air:executions:active``: gone, or already finalized."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +230,8 @@ class ExecutionStore:
         self.scripts = scripts or library()
 
     async def _call(self, name: str, execution_id: str, args: Sequence[Any]) -> Any:
-        reply = await self.scripts.call(
-            self.redis, name, keys.execution_keys(execution_id).all(), args
-        )
+        script_keys = keys.execution_keys(execution_id).for_script(self.scripts[name].num_keys)
+        reply = await self.scripts.call(self.redis, name, script_keys, args)
         if (
             isinstance(reply, list)
             and reply
@@ -215,11 +259,6 @@ class ExecutionStore:
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)
-        now = int(time.time() * 1000)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(keys.executions_index(), {eid: now}, nx=True)
-        pipe.zadd(keys.active_executions(), {eid: now}, nx=True)
-        await pipe.execute()
         return eid
 
     async def claim(
@@ -298,14 +337,29 @@ class ExecutionStore:
             raise ScriptError(f"failStep returned unknown outcome {_s(reply[1])!r}") from None
         return FailResult(ExecutionStatus(_s(reply[0])), outcome, _i(reply[2]), _i(reply[3]))
 
+    async def stop(
+        self, execution_id: str, items: Sequence[tuple[str, str, str]], reason: str = "cancel"
+    ) -> StopResult:
+        """Record ``(step, token, worker)`` steps this worker stopped because the execution
+        is being cancelled; the last one finalizes it Cancelled."""
+        args: list[Any] = [reason]
+        for step, token, worker in items:
+            args += [step, token, worker]
+        reply = await self._call("stopSteps", execution_id, args)
+        if isinstance(reply[0], int) and reply[0] < 0:
+            raise error_for(_i(reply[0]), execution_id=execution_id, detail=_s(reply[1]))
+        n = _i(reply[1])
+        return StopResult(ExecutionStatus(_s(reply[0])), [_i(c) for c in reply[2 : 2 + n]])
+
     async def renew(
         self, execution_id: str, lease_ms: int, items: Sequence[tuple[str, str]]
-    ) -> list[bool]:
+    ) -> RenewResult:
+        """Extend the leases of ``(step, token)`` claims by ``lease_ms`` from now."""
         args: list[Any] = [lease_ms]
         for step, token in items:
             args += [step, token]
         reply = await self._call("renewClaims", execution_id, args)
-        return [_i(c) == OK for c in reply[1:]]
+        return RenewResult(ExecutionStatus(_s(reply[0])), [_i(c) == OK for c in reply[1:]])
 
     async def recover(self, execution_id: str, limit: int = 1000) -> RecoverResult:
         reply = await self._call("recoverStale", execution_id, [limit])
@@ -314,7 +368,9 @@ class ExecutionStore:
         )
 
     async def _control(self, execution_id: str, action: str, actor: str) -> ExecutionStatus:
-        reply = await self._call("controlExecution", execution_id, [action, actor])
+        reply = await self._call(
+            "controlExecution", execution_id, [action, actor, keys.control_channel()]
+        )
         code = _i(reply[0])
         if code < 0:
             raise error_for(code, execution_id=execution_id, detail=_s(reply[1]))
@@ -345,7 +401,6 @@ class ExecutionStore:
         """Finalize if terminal (idempotent); the terminal status, or None if still active."""
         reply = await self._call("finalizeExecution", execution_id, [])
         if _i(reply[0]) == OK:
-            await self.redis.zrem(keys.active_executions(), execution_id)
             return ExecutionStatus(_s(reply[1]))
         return None
 
@@ -360,6 +415,47 @@ class ExecutionStore:
             keys.execution_keys(execution_id).events, entry, nomkstream=True
         )
         return added is not None
+
+    async def prune_index(self, *, batch: int = 500) -> PruneResult:
+        """One pass over the execution indexes, ``batch`` entries per round trip: remove
+        from ``air:executions`` every execution whose keys have expired (retention ran
+        out), and from ``air:executions:active`` every execution that is gone or already
+        finalized (finalization removes it itself; this catches entries written before
+        it did). Both indexes are written atomically with the execution, so an entry
+        without its execution is never one being created. Safe to run from any number of
+        processes at once; the control plane's retention loop owns calling it."""
+        examined_l, unlisted = await self._prune(keys.executions_index(), batch, active=False)
+        examined_a, deactivated = await self._prune(keys.active_executions(), batch, active=True)
+        return PruneResult(examined_l + examined_a, unlisted, deactivated)
+
+    async def _prune(self, index: str, batch: int, *, active: bool) -> tuple[int, int]:
+        """(examined, removed) for one index; ZSCAN returns every member present for the
+        whole pass at least once, whatever is removed meanwhile."""
+        examined = removed = 0
+        ids: list[str] = []
+        async for member, _ in self.redis.zscan_iter(index, count=batch):
+            ids.append(_s(member))
+            if len(ids) >= batch:
+                removed += await self._prune_batch(index, ids, active)
+                examined, ids = examined + len(ids), []
+        if ids:
+            removed += await self._prune_batch(index, ids, active)
+            examined += len(ids)
+        return examined, removed
+
+    async def _prune_batch(self, index: str, ids: list[str], active: bool) -> int:
+        pipe = self.redis.pipeline(transaction=False)
+        for eid in ids:
+            pipe.hmget(keys.execution_keys(eid).meta, ["execution_id", "terminal"])
+        rows = await pipe.execute()
+        gone = [
+            eid
+            for eid, (present, terminal) in zip(ids, rows, strict=True)
+            if present is None or (active and terminal)
+        ]
+        if not gone:
+            return 0
+        return int(await self.redis.zrem(index, *gone))
 
     # -- reads ---------------------------------------------------------------------
 
@@ -389,6 +485,18 @@ class ExecutionStore:
             finished_at_ms=int(m["finished_at"]) if m.get("finished_at") else None,
             context=ctx,
         )
+
+    async def control_state(self, execution_id: str) -> ControlState:
+        """One read of the execution's status and control field."""
+        status, control = await self.redis.hmget(
+            keys.execution_keys(execution_id).meta, ["status", "control"]
+        )
+        if status is None:
+            raise ExecutionNotFound(
+                f"Execution {execution_id} does not exist.", execution_id=execution_id
+            )
+        cancel_requested = control is not None and _s(control) == "cancel"
+        return ControlState(ExecutionStatus(_s(status)), cancel_requested)
 
     async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
         """Up to ``count`` ready throttled steps, in plan order (they are claimed one by

@@ -43,8 +43,11 @@ async def _spawn_workers(
 
 
 async def _connected_workers(redis: Redis) -> int:
+    """Worker processes connected (a process may hold several connections: commands and
+    its control-channel subscription share the process's client name)."""
     clients = await redis.client_list()
-    return sum(1 for c in clients if str(c.get("name", "")).startswith("airt-worker:"))
+    names = {str(c.get("name", "")) for c in clients}
+    return sum(1 for name in names if name.startswith("airt-worker:"))
 
 
 def _completions(events: list) -> Counter[str]:  # type: ignore[type-arg]
@@ -84,7 +87,13 @@ async def test_killing_a_worker_process_mid_execution_loses_no_step(
     dag = {f"n{i}": [] for i in range(n)}
     steps = {s: {"uses": "sleep", "with": {"seconds": 0.01}} for s in dag}
     eid = await store.create(plan_of(dag, steps=steps))
+    # Hold the execution until all three processes are connected: a victim that started
+    # late could otherwise find the work done before it claimed any.
+    await store.pause(eid)
     procs = await _spawn_workers(redis_server.url, eid, processes=3, workers=4, lease_ms=300)
+    while await _connected_workers(redis) < 3:
+        await asyncio.sleep(0.01)
+    await store.resume(eid)
     # Wait until the victim has claimed work, then kill -9 it.
     victim = procs[0]
     while True:

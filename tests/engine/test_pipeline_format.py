@@ -914,10 +914,13 @@ def test_without_a_registry_the_default_registry_is_used() -> None:
 
 
 def test_a_handler_outside_the_tenants_allowlist_is_refused_naming_step_and_list() -> None:
-    spec = parse_pipeline(pipeline(step("a", "echo"), step("b", "python"), step("c", "sleep")))
+    call = {"callable": "tests.engine.callables:add"}
+    b = step("b", "python", **{"with": call})
+    spec = parse_pipeline(pipeline(step("a", "echo"), b, step("c", "sleep")))
     with pytest.raises(PipelineError) as info:
         compile_pipeline(spec, REGISTRY, allowed_handlers=["echo", "sleep"])
     assert str(info.value) == (
         "steps[1].uses: handler 'python' is not allowed for this tenant (allowed: echo, sleep)"
     )
-    assert compile_pipeline(spec, REGISTRY).steps  # no allowlist: the registry decides
+    # no allowlist: the registry (and the platform's python modules) decide
+    assert compile_pipeline(spec, REGISTRY, python_modules=["tests.engine.callables"]).steps

@@ -27,8 +27,8 @@ from tests.dags import plan_of
 
 
 def _execution_lua() -> str:
-    """The scripts that write execution state (21 keys), includes expanded."""
-    return "\n".join(s.source for s in library().scripts.values() if s.num_keys == 21)
+    """The scripts that write execution state (21 keys, +1 or +2 indexes), includes expanded."""
+    return "\n".join(s.source for s in library().scripts.values() if 21 <= s.num_keys <= 23)
 
 
 def _step_status_literals(lua: str) -> set[str]:
@@ -71,6 +71,7 @@ _RECORDED = {
     "step_failed": StepStatus.FAILED,
     "step_skipped": StepStatus.SKIPPED,
     "step_recovered": StepStatus.READY,
+    "step_stopped": StepStatus.CANCELLED,
     "input_requested": StepStatus.INPUT_WAIT,
     "input_provided": StepStatus.COMPLETED,
 }

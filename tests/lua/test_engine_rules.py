@@ -105,9 +105,12 @@ async def test_completion_requires_the_current_claim_token(store: ExecutionStore
     assert (await store.step_states(eid))["a"] == "running"
     ok = await store.complete(eid, "w", [("a", claim.token, "w", "1")])
     assert ok.codes == [1] and ok.readied == 1
+    # The same claim completing again (a retried call whose reply was lost) is known as
+    # a duplicate (code 2) and changes nothing: no second output, no second release.
     again = await store.complete(eid, "w", [("a", claim.token, "w", "2")])
-    assert again.codes == [-4], "a second completion of a completed step must be refused"
+    assert again.codes == [2] and again.readied == 0
     assert json.loads(await store.redis.hget(keys.execution_keys(eid).out, "a")) == 1
+    assert [e.type for e in await store.events(eid)].count("step_completed") == 1
 
 
 async def test_stale_workers_late_completion_is_rejected(store: ExecutionStore) -> None:
@@ -372,7 +375,7 @@ async def test_claim_returns_outputs_of_referenced_steps(store: ExecutionStore) 
 async def test_renewal_extends_live_claims_and_reports_lost_ones(store: ExecutionStore) -> None:
     eid = await store.create(plan_of({"a": [], "b": []}))
     a, b = (await store.claim(eid, "w", 2, 30_000)).claims
-    assert await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")]) == [
+    assert (await store.renew(eid, 60_000, [(a.step_id, a.token), (b.step_id, "bogus")])).alive == [
         True,
         False,
     ]

@@ -29,7 +29,11 @@ def test_every_script_documents_its_keys_arguments_and_returns(path: Path) -> No
     highest = max((int(m) for m in re.findall(r"KEYS\[(\d+)\]", body)), default=0)
     assert uses_exec_keys or highest == n, f"{path.name} uses KEYS[{highest}] but is named -{n}"
     if uses_exec_keys:
-        assert n == 21
+        # 21 execution keys; + the active index for scripts that can finalize; + the
+        # listing index for the one that creates.
+        expected = 21 + ('--- @include "finalize"' in body) + (path.stem.startswith("create"))
+        expected += path.stem.startswith("create")
+        assert n == expected, f"{path.name} should take {expected} keys"
 
 
 def test_scripts_carry_the_version_so_releases_never_share_a_sha() -> None:

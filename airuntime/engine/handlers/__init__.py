@@ -11,7 +11,36 @@ event loop, everything else runs in a shared thread pool so a blocking handler n
 the worker's loop (and its lease heartbeats).
 
 Raise :class:`TransientError` for failures worth retrying, :class:`StepFailed` for failures
-that no retry can fix, and :class:`StepCancelled` after noticing ``ctx.cancelled``.
+that no retry can fix, and :class:`StepCancelled` after noticing a cancel (``await
+ctx.cancelled.wait()`` in async handlers, ``ctx.is_cancelled()`` or
+``ctx.wait_cancelled(timeout)`` in sync ones, which run in a thread).
+
+Exactly-once and at-least-once
+------------------------------
+*State transitions are exactly-once.* A step is completed, failed or stopped only by
+the Lua script that checks the claim token of its current claim; a worker whose claim
+was replaced (its lease expired while it was frozen, and the step was recovered and
+claimed again) is rejected as stale and changes nothing, and the same claim completing
+twice (a retried call) is recognised as a duplicate. So the ledger holds one
+``step_completed`` per completed step, whatever crashed or retried.
+
+*Handler side effects are at-least-once.* A handler may run more than once for the same
+attempt: a frozen worker may finish after another worker recovered its claim (recovery
+does not consume an attempt), a worker may die after the effect and before its
+completion was recorded, and a completion that could not be recorded before its lease
+ran out is re-run elsewhere. Handlers that change the outside world make that safe
+with two values of :class:`StepContext`:
+
+* ``idempotency_key`` -- ``"<execution>:<step>:<attempt>"``: the same for every run of
+  one logical attempt (the frozen worker and the worker that recovered its claim see
+  the same key), different for a retry after a failure. Send it as the idempotency key
+  of the external call (``Idempotency-Key`` header, a unique constraint) so the effect
+  happens once per attempt.
+* ``fencing_token`` / ``fencing_seq`` -- the claim token and its sequence number
+  (``claim_seq`` of the execution: every claim gets a higher number than every claim
+  before it, so the claim that replaced a lost one always carries a higher number). A
+  store that remembers the highest ``fencing_seq`` it accepted for a key can refuse the
+  late write of a stale worker (a fencing token in Kleppmann's sense).
 """
 
 from __future__ import annotations
@@ -23,7 +52,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeVar
@@ -42,6 +71,7 @@ __all__ = [
     "handler",
     "invoke",
     "is_async_handler",
+    "set_shared_executor",
     "shared_executor",
 ]
 
@@ -107,9 +137,45 @@ class StepContext:
     inputs: Any
     pipeline_id: str
     tenant_id: str | None = None
-    #: Set by the engine when the execution is cancelled or the lease is lost.  Async
-    #: handlers can ``await`` it; sync handlers (in a thread) can poll ``is_set()``.
+    #: Set by the engine when the execution is cancelled, the lease is lost or the step
+    #: timed out.  Async handlers can ``await`` it; sync handlers (in a thread) use
+    #: :meth:`is_cancelled` / :meth:`wait_cancelled`, which are thread-safe.
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    fencing_token: str = ""
+    """The claim token this attempt runs under (see the module doc)."""
+    fencing_seq: int = 0
+    """The claim's sequence number in its execution: higher for every later claim."""
+    _cancel_flag: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread_future: Future[Any] | None = field(default=None, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """``"<execution>:<step>:<attempt>"``: the same for every run of this attempt,
+        also on the worker that recovered a lost claim (see the module doc)."""
+        return f"{self.execution_id}:{self.step_id}:{self.attempt}"
+
+    def is_cancelled(self) -> bool:
+        """True once the engine asked this attempt to stop (safe from any thread)."""
+        return self._cancel_flag.is_set()
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block (a sync handler's thread) until a cancel or ``timeout``; True if cancelled.
+        A sync handler sleeping with this stops at once when the step is cancelled."""
+        return self._cancel_flag.wait(timeout)
+
+    def mark_cancelled(self) -> bool:
+        """Ask this attempt to stop (the engine calls it, on the event loop's thread).
+
+        A sync handler queued for a thread that has not started is withdrawn. Returns
+        True if a thread is running the handler right now: it stops only when it notices
+        (:meth:`is_cancelled`); otherwise nothing runs the handler any more, or it is an
+        async handler, and the caller cancels its task."""
+        self._cancel_flag.set()
+        self.cancelled.set()
+        future = self._thread_future
+        if future is None or future.cancel():
+            return False
+        return future.running()
 
 
 Handler = Callable[[StepContext], Any]
@@ -274,6 +340,17 @@ def shared_executor() -> ThreadPoolExecutor:
         return _executor
 
 
+def set_shared_executor(executor: ThreadPoolExecutor | None) -> ThreadPoolExecutor | None:
+    """Replace the thread pool that runs sync handlers (None: a default one is created on
+    next use); returns the previous one, which the caller shuts down if it wants to. A
+    process whose sync handlers block for long (each holds a thread until it returns or
+    notices a cancel) sizes the pool for them."""
+    global _executor
+    with _executor_lock:
+        previous, _executor = _executor, executor
+    return previous
+
+
 def is_async_handler(fn: Callable[..., Any]) -> bool:
     """True for coroutine functions, partials of them and objects with ``async __call__``."""
     if isinstance(fn, functools.partial):
@@ -292,9 +369,20 @@ async def invoke(fn: Handler, ctx: StepContext, executor: Executor | None = None
     """
     if is_async_handler(fn):
         return await fn(ctx)
-    loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
-    result = await loop.run_in_executor(executor or shared_executor(), context.run, fn, ctx)
+    future = (executor or shared_executor()).submit(context.run, _run_unless_cancelled, fn, ctx)
+    ctx._thread_future = future
+    try:
+        result = await asyncio.wrap_future(future)
+    finally:
+        ctx._thread_future = None
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _run_unless_cancelled(fn: Handler, ctx: StepContext) -> Any:
+    """In the handler's thread: a step cancelled while it waited for a thread never starts."""
+    if ctx.is_cancelled():
+        raise StepCancelled(f"step {ctx.step_id!r}: cancelled before it started")
+    return fn(ctx)

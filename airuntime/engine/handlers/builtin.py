@@ -4,8 +4,10 @@
 - ``sleep`` (:func:`sleep`): waits ``seconds`` (cancellable), output ``value`` or ``None``.
 - ``echo`` (:func:`echo`): output ``value``, or the whole ``with`` mapping if it has none.
 - ``template`` (:func:`template`): ``string.Template(template).safe_substitute(values)``.
-- ``python`` (:func:`python_call`): calls ``callable: "pkg.mod:func"`` with ``args``/``kwargs``.
-- ``http`` (:func:`http_request`): ``method``, ``url``, ``headers``, ``json``, ``timeout_s``.
+- ``python`` (:func:`python_call`): calls ``callable: "pkg.mod:func"`` with ``args``/``kwargs``,
+  only in the modules the platform allows (``AIRUNTIME_PYTHON_HANDLER_MODULES``).
+- ``http`` (:func:`http_request`): ``method``, ``url``, ``headers``, ``json``, ``timeout_s``,
+  ``follow_redirects``; internal addresses are refused unless the platform allows them.
 - ``input`` (:func:`input_step`): never run by workers, the engine completes input steps.
 - ``fail`` (:func:`flaky`): fails the first ``fail_attempts`` attempts, then outputs ``value``.
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib
 import inspect
 import json
 import math
@@ -31,6 +32,8 @@ from airuntime.engine.handlers import (
     TransientError,
     shared_executor,
 )
+from airuntime.engine.handlers.python_policy import CallableRefused, resolve_callable
+from airuntime.engine.handlers.settings import handler_settings
 
 if TYPE_CHECKING:
     import httpx
@@ -113,31 +116,26 @@ async def template(ctx: StepContext) -> str:
 
 
 def _import_callable(ctx: StepContext, spec: Any) -> Any:
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise StepFailed(
-            f"step {ctx.step_id!r}: with.callable must look like 'package.module:function' "
-            f"(value={spec!r})"
-        )
-    module_name, _, attr_path = spec.partition(":")
+    modules = handler_settings().python_handler_modules
     try:
-        target: Any = importlib.import_module(module_name)
+        return resolve_callable(spec, modules)
+    except CallableRefused as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: with.callable {exc}") from None
     except ImportError as exc:
-        raise StepFailed(f"step {ctx.step_id!r}: cannot import {module_name!r}: {exc}") from exc
-    for attr in attr_path.split("."):
-        try:
-            target = getattr(target, attr)
-        except AttributeError as exc:
-            raise StepFailed(f"step {ctx.step_id!r}: {spec!r} not found: {exc}") from exc
-    if not callable(target):
-        raise StepFailed(f"step {ctx.step_id!r}: {spec!r} is not callable")
-    return target
+        raise StepFailed(f"step {ctx.step_id!r}: cannot import {spec!r}: {exc}") from exc
+    except AttributeError as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: {spec!r} not found: {exc}") from exc
 
 
 async def python_call(ctx: StepContext) -> Any:
     """Import ``with.callable`` (``"pkg.mod:func"``) and call it with ``args``/``kwargs``.
 
-    Coroutine functions are awaited on the loop, plain functions run in the shared handler
-    thread pool.  Note: this runs arbitrary importable code, like any handler would.
+    Only callables of the modules the platform allows (``AIRUNTIME_PYTHON_HANDLER_MODULES``,
+    see :mod:`~airuntime.engine.handlers.python_policy`) can be named; the check runs when
+    the pipeline compiles and again here. Coroutine functions are awaited on the loop,
+    plain functions run in the shared handler thread pool (a cancelled step stops
+    waiting for them, but a plain function, which gets no context to look at, runs to
+    its end in its thread).
     """
     inputs = _mapping(ctx)
     fn = _import_callable(ctx, inputs.get("callable"))
@@ -158,28 +156,29 @@ async def python_call(ctx: StepContext) -> Any:
 
 
 def _http_client(timeout_s: float) -> httpx.AsyncClient:
-    """Client factory (a seam for tests to plug in ``httpx.MockTransport``)."""
+    """Client factory (a seam for tests of response handling to plug in
+    ``httpx.MockTransport``): connects only where :mod:`~airuntime.engine.handlers.egress`
+    allows, with the platform's current settings."""
     import httpx
 
-    return httpx.AsyncClient(timeout=timeout_s)
+    from airuntime.engine.handlers.egress import EgressPolicy, GuardedTransport
+
+    policy = EgressPolicy.from_settings(handler_settings())
+    return httpx.AsyncClient(
+        timeout=timeout_s, transport=GuardedTransport(policy), trust_env=False, max_redirects=5
+    )
 
 
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
 
 
-async def http_request(ctx: StepContext) -> dict[str, Any]:
-    """One HTTP request with httpx; output ``{"status": int, "json": ...}`` when the response
-    is JSON, else ``{"status": int, "text": str}``.
-
-    5xx, 408/425/429 and network errors raise :class:`TransientError` so the engine retries;
-    other 4xx are returned as output (the request was understood and answered).
-    """
-    import httpx
-
+def _request_options(ctx: StepContext) -> tuple[str, str, dict[str, Any], bool]:
+    """``method``, ``url``, the keyword arguments of the request and ``follow_redirects``."""
     inputs = _mapping(ctx)
     method = inputs.get("method", "GET")
     url = inputs.get("url")
     headers = inputs.get("headers") or {}
+    follow = inputs.get("follow_redirects", False)
     if not isinstance(method, str) or not method:
         raise StepFailed(f"step {ctx.step_id!r}: with.method must be a string (value={method!r})")
     if not isinstance(url, str) or not url:
@@ -188,20 +187,49 @@ async def http_request(ctx: StepContext) -> dict[str, Any]:
         raise StepFailed(
             f"step {ctx.step_id!r}: with.headers must be a mapping (value={headers!r})"
         )
-    timeout_s = _number(ctx, "timeout_s", 30.0)
-    request_kwargs: dict[str, Any] = {"headers": {str(k): str(v) for k, v in headers.items()}}
+    if not isinstance(follow, bool):
+        raise StepFailed(
+            f"step {ctx.step_id!r}: with.follow_redirects must be true or false (value={follow!r})"
+        )
+    kwargs: dict[str, Any] = {"headers": {str(k): str(v) for k, v in headers.items()}}
     if "json" in inputs:
-        request_kwargs["json"] = inputs["json"]
+        kwargs["json"] = inputs["json"]
+    return method.upper(), url, kwargs, follow
+
+
+async def http_request(ctx: StepContext) -> dict[str, Any]:
+    """One HTTP request with httpx; output ``{"status": int, "json": ...}`` when the response
+    is JSON, else ``{"status": int, "text": str}``.
+
+    5xx, 408/425/429 and network errors raise :class:`TransientError` so the engine retries;
+    other 4xx are returned as output (the request was understood and answered). Redirects
+    are followed only with ``follow_redirects: true`` (at most 5). Internal addresses
+    (loopback, link-local and metadata, private, CGNAT, ...) are refused on every
+    connection, redirects included, unless the platform allows them
+    (:mod:`~airuntime.engine.handlers.egress`); a refusal is never retried.
+    """
+    import httpx
+
+    from airuntime.engine.handlers.egress import EgressRefused
+
+    method, url, request_kwargs, follow = _request_options(ctx)
+    timeout_s = _number(ctx, "timeout_s", 30.0)
     try:
         async with _http_client(timeout_s) as client:
-            response = await client.request(method.upper(), url, **request_kwargs)
+            response = await client.request(method, url, follow_redirects=follow, **request_kwargs)
+    except EgressRefused as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: {method} {url} refused: {exc}") from None
+    except httpx.TooManyRedirects as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: {method} {url}: {exc}") from exc
     except httpx.InvalidURL as exc:
         raise StepFailed(f"step {ctx.step_id!r}: invalid url {url!r}: {exc}") from exc
+    except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+        raise StepFailed(f"step {ctx.step_id!r}: {method} {url}: {exc}") from exc
     except (httpx.TransportError, httpx.TimeoutException) as exc:
-        raise TransientError(f"{method.upper()} {url}: {type(exc).__name__}: {exc}") from exc
+        raise TransientError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     status = response.status_code
     if status >= 500 or status in _RETRYABLE_STATUS:
-        raise TransientError(f"{method.upper()} {url}: HTTP {status}: {response.text[:200]}")
+        raise TransientError(f"{method} {url}: HTTP {status}: {response.text[:200]}")
     content_type = response.headers.get("content-type", "")
     if "json" in content_type:
         try:

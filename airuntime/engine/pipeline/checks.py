@@ -10,10 +10,11 @@ too many steps or edges make everything after them too expensive to check.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from airuntime.engine.handlers.python_policy import callable_problem, describe_allowed
 from airuntime.engine.pipeline.graph import find_cycle, topological_order
 from airuntime.engine.pipeline.problems import PipelineError, Problem, fmt_value, format_loc
 from airuntime.engine.pipeline.spec import INPUT_HANDLER, PipelineLimits, StepSpec
@@ -198,6 +199,31 @@ def check_input_step(i: int, step: StepSpec, problems: list[Problem]) -> None:
                 f"(value={fmt_value(step.concurrency.model_dump(exclude_none=True))})",
             )
         )
+
+
+PYTHON_HANDLER = "python"
+
+
+def check_python_callable(
+    i: int, step: StepSpec, value: Any, modules: Collection[str], problems: list[Problem]
+) -> None:
+    """A ``python`` step names, as a literal, a callable of a module the platform allows
+    (``modules``: ``AIRUNTIME_PYTHON_HANDLER_MODULES``); checked again when it runs."""
+    if step.uses != PYTHON_HANDLER or not isinstance(value, Mapping):
+        return
+    spec = value.get("callable")
+    if isinstance(spec, str) and "${" in spec:
+        problems.append(
+            Problem(
+                f"steps[{i}].with.callable",
+                f"step {step.id!r}: the callable must be written out, not a reference "
+                f"(value={spec!r}; {describe_allowed(modules)})",
+            )
+        )
+        return
+    problem = callable_problem(spec, modules)
+    if problem is not None:
+        problems.append(Problem(f"steps[{i}].with.callable", f"step {step.id!r}: {problem}"))
 
 
 def check_edge_count(edges: int, limits: PipelineLimits, problems: list[Problem]) -> None:

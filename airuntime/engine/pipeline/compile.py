@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airuntime.engine.handlers import HandlerRegistry, default_registry
+from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.checks import (
     SizeBudget,
     check_cycles,
@@ -22,6 +23,7 @@ from airuntime.engine.pipeline.checks import (
     check_handler,
     check_ids,
     check_input_step,
+    check_python_callable,
     check_references,
     check_run_inputs,
     check_step_count,
@@ -61,15 +63,19 @@ def compile_pipeline(
     limits: PipelineLimits = DEFAULT_LIMITS,
     *,
     allowed_handlers: Collection[str] | None = None,
+    python_modules: Collection[str] | None = None,
 ) -> Plan:
     """Check a spec completely and compile it into a :class:`Plan`.
 
     ``registry`` (default: :func:`~airuntime.engine.handlers.default_registry`) decides which
     ``uses`` names exist; ``allowed_handlers`` (the tenant's allowlist; None = no
-    restriction) which of them the pipeline may use.  Raises :class:`PipelineError`
-    listing every problem found.
+    restriction) which of them the pipeline may use; ``python_modules`` which modules
+    ``python`` steps may call (None = the platform's ``AIRUNTIME_PYTHON_HANDLER_MODULES``).
+    Raises :class:`PipelineError` listing every problem found.
     """
     registry = default_registry() if registry is None else registry
+    if python_modules is None:
+        python_modules = handler_settings().python_handler_modules
     check_step_count(spec.steps, limits)
     problems: list[Problem] = []
     first = check_ids(spec.steps, problems)
@@ -77,7 +83,8 @@ def compile_pipeline(
     run_inputs = check_run_inputs(spec.inputs, budget, problems)
     known = frozenset(registry.names())
     allowed = None if allowed_handlers is None else frozenset(allowed_handlers)
-    graph = _check_steps(spec.steps, known, first, budget, limits, problems, allowed)
+    rules = _StepRules(known, allowed, tuple(python_modules))
+    graph = _check_steps(spec.steps, rules, first, budget, limits, problems)
     check_edge_count(graph.edges, limits, problems)
     topo = check_cycles(spec.steps, first, graph.deps, problems)
     if problems:
@@ -85,22 +92,39 @@ def compile_pipeline(
     return _build_plan(spec, run_inputs, graph, topo, limits)
 
 
+@dataclass(frozen=True)
+class _StepRules:
+    """What decides whether a step's handler may be used."""
+
+    known: Set[str]
+    """Registered handler names."""
+    allowed: Set[str] | None
+    """The tenant's handler allowlist (None = no restriction)."""
+    python_modules: tuple[str, ...]
+    """Modules ``python`` steps may call."""
+
+    def usable(self, handler: str) -> bool:
+        """The handler exists and the tenant may use it (its inputs are worth checking)."""
+        return handler in self.known and (self.allowed is None or handler in self.allowed)
+
+
 def _check_steps(
     steps: Sequence[StepSpec],
-    known: Set[str],
+    rules: _StepRules,
     first: dict[str, int],
     budget: SizeBudget,
     limits: PipelineLimits,
     problems: list[Problem],
-    allowed: Set[str] | None = None,
 ) -> _Graph:
     """Every per-step check, step by step (so problems come in declaration order)."""
     graph = _Graph(deps=[[] for _ in steps], refs=[[] for _ in steps], inputs=[None] * len(steps))
     for i, s in enumerate(steps):
-        check_handler(i, s, known, problems, allowed)
+        check_handler(i, s, rules.known, problems, rules.allowed)
         explicit = check_dependencies(i, s, first, problems)
         value, checked = check_step_inputs(i, s, budget, limits, problems)
         graph.inputs[i] = value
+        if checked and rules.usable(s.uses):
+            check_python_callable(i, s, value, rules.python_modules, problems)
         referenced = check_references(i, s, value, first, problems) if checked else set()
         check_input_step(i, s, problems)
         graph.refs[i] = sorted(referenced)

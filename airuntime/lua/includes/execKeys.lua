@@ -1,10 +1,15 @@
--- The 21 keys of one execution as one table, built once per script call
+-- The keys of one execution as one table, built once per script call
 -- (`local ek = execKeys(KEYS)`; order: airuntime.core.keys.EXECUTION_KEY_SUFFIXES).
 -- Every include that reads or writes execution state takes this table as its first
--- argument; `all` is the key array itself (finalization sets the retention TTL on each).
+-- argument; `all` holds the 21 per-execution keys (finalization sets the retention
+-- TTL on each). Scripts that can finalize get KEYS[22] `activeIndex`
+-- (air:executions:active) and createExecution also KEYS[23] `listIndex`
+-- (air:executions); both are nil for the 21-key scripts.
 local function execKeys(keys)
+  local own = {}
+  for i = 1, 21 do own[i] = keys[i] end
   return {
-    all = keys,
+    all = own,
     meta = keys[1],
     plan = keys[2],
     status = keys[3],
@@ -26,5 +31,7 @@ local function execKeys(keys)
     maxAttempts = keys[19],
     events = keys[20],
     snapshot = keys[21],
+    activeIndex = keys[22],
+    listIndex = keys[23],
   }
 end

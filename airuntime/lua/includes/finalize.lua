@@ -1,7 +1,9 @@
 --- @include "emit"
 -- Idempotent finalization. Decides whether the execution is terminal and, the
 -- first time it is, settles every unfinished step, writes the terminal snapshot,
--- appends `execution_finalized` and applies the retention TTL. Cancellation wins:
+-- appends `execution_finalized`, applies the retention TTL to the execution's own
+-- keys and removes the execution from the active index (`ek.activeIndex`, which
+-- every script that includes this one receives as KEYS[22]). Cancellation wins:
 -- a cancel requested before finalization ends Cancelled even if every step completed.
 -- finalizeIfDone returns the terminal status, or false when the execution is not
 -- terminal yet.
@@ -84,7 +86,7 @@ end
 
 local function finalizeIfDone(ek, now)
   local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'done', 'total',
-    'failed', 'retention_s')
+    'failed', 'retention_s', 'execution_id')
   if m[1] and m[1] ~= '' then return m[1] end
   local done = tonumber(m[5] or '0')
   local total = tonumber(m[6] or '0')
@@ -101,6 +103,7 @@ local function finalizeIfDone(ek, now)
     'waiting_input', 0)
   redis.call('SET', ek.snapshot, buildSnapshot(ek, final, now))
   emit(ek, 'type', 'execution_finalized', 'status', final)
+  redis.call('ZREM', ek.activeIndex, m[9])
   local ttl = tonumber(m[8] or '0')
   if ttl and ttl > 0 then
     for i = 1, #ek.all do redis.call('EXPIRE', ek.all[i], ttl) end

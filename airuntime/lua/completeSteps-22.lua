@@ -9,6 +9,7 @@
 
   Input:
     KEYS[1..21] the execution's keys
+    KEYS[22] air:executions:active (finalizing removes the execution from it)
     ARGV[1] owner id for the claims made afterwards
     ARGV[2] maximum number of steps to claim afterwards (0 = none)
     ARGV[3] lease for those claims, milliseconds
@@ -19,8 +20,9 @@
     {status, readied, n, code_1, ..., code_n, throttledReady, claimed,
      [step, token, attempt, nrefs, (ref, outputJSON) * nrefs] * claimed}
       status: execution status (terminal status if this call finalized)
-      code_i: 1 accepted, -2 step not found, -3 stale claim token,
-              -4 step not Running
+      code_i: 1 accepted, 2 already accepted under this token (a retried call whose
+              first reply was lost; nothing changes), -2 step not found, -3 stale
+              claim token, -4 step not Running
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
@@ -45,6 +47,8 @@ for i = 4, #ARGV, 4 do
     code = -2
   elseif redis.call('HGET', ek.token, step) ~= token then
     code = -3
+  elseif st == 'completed' then
+    code = 2
   elseif st ~= 'running' then
     code = -4
   else
@@ -59,7 +63,7 @@ for i = 4, #ARGV, 4 do
       'attempt', redis.call('HGET', ek.attempt, step) or '1')
     readied = readied + releaseChildren(ek, step)
   end
-  if code ~= 1 then
+  if code < 0 then
     emit(ek, 'type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
   end
   result[#result + 1] = code

@@ -1,13 +1,19 @@
 --[[
   Pause, resume or cancel an execution. Pause and cancel block new claims at
-  once; running steps drain (Pausing -> Paused when none is left; Cancelling ->
-  Cancelled at finalization). Cancel is final and wins over a natural completion
-  that has not been finalized yet.
+  once. Under pause running steps drain (Pausing -> Paused when none is left).
+  Under cancel the workers stop their running steps and record them with
+  stopSteps (Cancelling -> Cancelled once none is running; a worker that never
+  hears of it loses its lease and the step is settled at finalization). Cancel is
+  final and wins over a natural completion that has not been finalized yet.
+  Every accepted action PUBLISHes the execution id on the control channel so the
+  workers of the execution react at once.
 
   Input:
     KEYS[1..21] the execution's keys
+    KEYS[22] air:executions:active (finalizing removes the execution from it)
     ARGV[1] action: pause | resume | cancel
     ARGV[2] actor / reason (ledger only)
+    ARGV[3] control channel (airuntime.core.keys.control_channel(); '' = no notice)
 
   Output:
     {-1} not found   {-6, terminalStatus} already finalized
@@ -49,4 +55,7 @@ else
 end
 local status = refreshStatus(ek)
 local final = finalizeIfDone(ek, now)
+if ARGV[3] and ARGV[3] ~= '' then
+  redis.call('PUBLISH', ARGV[3], redis.call('HGET', ek.meta, 'execution_id'))
+end
 return {1, final or status}

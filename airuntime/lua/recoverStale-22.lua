@@ -5,6 +5,7 @@
 
   Input:
     KEYS[1..21] the execution's keys
+    KEYS[22] air:executions:active (finalizing removes the execution from it)
     ARGV[1] maximum number of steps to move of each kind
 
   Output:

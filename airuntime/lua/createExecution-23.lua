@@ -1,11 +1,14 @@
 --[[
   Create an execution: its metadata, the static DAG (children, order, kinds,
-  references, retry budgets), every step Pending, and the root steps Ready.
+  references, retry budgets), every step Pending, and the root steps Ready; list it
+  in the execution index and the active index (score = created ms) in the same
+  step, so an index entry exists exactly when the execution does.
   Idempotent: creating the same execution id with the same plan digest again
   returns 0 and changes nothing.
 
   Input:
     KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES)
+    KEYS[22] air:executions:active   KEYS[23] air:executions
     ARGV[1]  execution id
     ARGV[2]  plan JSON
     ARGV[3]  plan digest
@@ -67,6 +70,8 @@ for i = 0, n - 1 do
   if tonumber(ARGV[base + 6]) > 1 then redis.call('HSET', ek.maxAttempts, step, ARGV[base + 6]) end
 end
 emit(ek, 'type', 'execution_created', 'pipeline', ARGV[4], 'steps', n, 'tenant', ARGV[7])
+redis.call('ZADD', ek.listIndex, 'NX', now, ARGV[1])
+redis.call('ZADD', ek.activeIndex, 'NX', now, ARGV[1])
 for _, step in ipairs(roots) do enqueueReady(ek, step) end
 local status = refreshStatus(ek)
 return {1, status}

@@ -5,6 +5,7 @@
 
   Input:
     KEYS[1..21] the execution's keys
+    KEYS[22] air:executions:active (finalizing removes the execution from it)
 
   Output:
     {-1} not found

@@ -1,0 +1,119 @@
+"""Handlers get what they need to make side effects idempotent: the same idempotency key
+for every run of one attempt (also on the worker that recovered a frozen worker's claim)
+and a fencing sequence that only grows, while the state transition stays exactly-once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from airuntime.engine.execution_store import ExecutionStore, RenewResult
+from airuntime.engine.handlers import HandlerRegistry, StepContext, TransientError
+from airuntime.engine.worker_pool import PoolSettings, WorkerPool
+from tests.dags import plan_of
+
+
+@dataclass(frozen=True)
+class Effect:
+    pool: str
+    key: str
+    token: str
+    seq: int
+
+
+class FrozenRenewals(ExecutionStore):
+    """A worker that cannot renew its leases (frozen, or cut off): renewals never return."""
+
+    async def renew(
+        self, execution_id: str, lease_ms: int, items: Any
+    ) -> RenewResult:  # pragma: no cover - never returns
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_completes(
+    redis: Redis,
+) -> None:
+    effects: list[Effect] = []
+    entered = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
+    release = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
+
+    async def effect(ctx: StepContext) -> str:
+        pool = ctx.fencing_token.rsplit("#", 1)[0]
+        effects.append(Effect(pool, ctx.idempotency_key, ctx.fencing_token, ctx.fencing_seq))
+        entered[pool].set()
+        await release[pool].wait()
+        return pool
+
+    reg = HandlerRegistry(autoload=True)
+    reg.register("effect", effect)
+    store = ExecutionStore(redis)
+    eid = await store.create(plan_of({"a": []}, uses="effect", registry=reg))
+    frozen = WorkerPool(
+        FrozenRenewals(redis), reg, PoolSettings(workers=1, lease_ms=300), pool_id="frozen"
+    )
+    successor = WorkerPool(store, reg, PoolSettings(workers=1), pool_id="successor")
+    frozen_run = asyncio.create_task(frozen.run(eid))
+    await entered["frozen"].wait()
+    successor_run = asyncio.create_task(successor.run(eid))  # recovers once the lease expires
+    await entered["successor"].wait()
+    release["frozen"].set()  # the frozen worker wakes up and finishes: too late
+    for _ in range(500):
+        if frozen.stats.stale_rejections:
+            break
+        await asyncio.sleep(0.01)
+    release["successor"].set()
+    assert await successor_run == "Succeeded" and await frozen_run == "Succeeded"
+
+    first, second = effects
+    assert (first.pool, second.pool) == ("frozen", "successor")
+    assert first.key == second.key == f"{eid}:a:1", "one logical attempt, one key"
+    assert first.seq < second.seq and first.token != second.token
+    events = await store.events(eid)
+    completed = [e for e in events if e.type == "step_completed"]
+    assert [(e.get("step"), e.get("token")) for e in completed] == [("a", second.token)]
+    rejected = [e for e in events if e.type == "completion_rejected"]
+    assert [(e.get("token"), e.get("code")) for e in rejected] == [(first.token, "-3")]
+    assert [e.get("step") for e in events if e.type == "step_recovered"] == ["a"]
+    snap = await store.snapshot(eid)
+    assert snap is not None and snap["steps"]["a"] == {
+        **snap["steps"]["a"],
+        "output": "successor",
+        "attempts": 1,
+    }
+    assert frozen.stats.stale_rejections == 1 and frozen.stats.completed == 0
+
+
+async def test_a_retry_is_a_new_attempt_with_a_new_key_and_a_higher_sequence(
+    redis: Redis,
+) -> None:
+    seen: list[tuple[str, int, int]] = []
+
+    async def flaky(ctx: StepContext) -> int:
+        seen.append((ctx.idempotency_key, ctx.fencing_seq, ctx.attempt))
+        if ctx.attempt < 3:
+            raise TransientError("not yet")
+        return ctx.attempt
+
+    reg = HandlerRegistry(autoload=True)
+    reg.register("flaky", flaky)
+    store = ExecutionStore(redis)
+    plan = plan_of(
+        {"a": [], "b": []},
+        uses="flaky",
+        steps={s: {"retry": {"max_attempts": 3, "backoff_initial_s": 0}} for s in "ab"},
+        registry=reg,
+    )
+    eid = await store.create(plan)
+    assert await WorkerPool(store, reg).run(eid) == "Succeeded"
+    keys = [key for key, _, _ in seen]
+    assert Counter(keys) == Counter({f"{eid}:{s}:{n}": 1 for s in "ab" for n in (1, 2, 3)})
+    seqs = [seq for _, seq, _ in seen]
+    assert len(set(seqs)) == len(seqs), "every claim of the execution has its own number"
+    for step in "ab":
+        mine = [seq for key, seq, _ in seen if key.split(":")[1] == step]
+        assert mine == sorted(mine), "a later claim of a step carries a higher number"

@@ -1,0 +1,124 @@
+"""Engine state stays bounded: the active index loses an execution in the script that
+finalizes it, the listing index is pruned of executions whose keys expired, and every
+per-execution key (never an index) carries the retention TTL after finalization."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from airuntime.core import keys
+from airuntime.engine.execution_store import ExecutionStore
+from tests.dags import plan_of
+
+
+@pytest.fixture
+def store(redis: Redis) -> ExecutionStore:
+    return ExecutionStore(redis)
+
+
+async def _members(redis: Redis, key: str) -> set[str]:
+    return {m.decode() for m in await redis.zrange(key, 0, -1)}
+
+
+async def test_create_lists_the_execution_in_both_indexes(store: ExecutionStore) -> None:
+    eid = await store.create(plan_of({"a": []}), execution_id="e1")
+    assert await _members(store.redis, keys.executions_index()) == {eid}
+    assert await _members(store.redis, keys.active_executions()) == {eid}
+    created = (await store.info(eid)).created_at_ms
+    assert await store.redis.zscore(keys.executions_index(), eid) == created
+
+
+@pytest.mark.parametrize("how", ["complete", "fail", "cancel", "cancel-with-nothing-running"])
+async def test_the_finalizing_script_removes_the_execution_from_the_active_index(
+    store: ExecutionStore, how: str
+) -> None:
+    eid = await store.create(plan_of({"a": []}))
+    other = await store.create(plan_of({"a": []}))
+    if how == "cancel-with-nothing-running":
+        assert await store.cancel(eid) == "Cancelled"
+    else:
+        (a,) = (await store.claim(eid, "w", 1, 30_000)).claims
+        if how == "complete":
+            assert (await store.complete(eid, "w", [("a", a.token, "w", "1")])).status == (
+                "Succeeded"
+            )
+        elif how == "fail":
+            assert (await store.fail(eid, "w", "a", a.token, "x", retryable=False)).status == (
+                "Failed"
+            )
+        else:
+            assert await store.cancel(eid) == "Cancelling"
+            assert eid in await _members(store.redis, keys.active_executions())
+            assert (await store.stop(eid, [("a", a.token, "w")])).status == "Cancelled"
+    assert await _members(store.redis, keys.active_executions()) == {other}
+    assert await _members(store.redis, keys.executions_index()) == {eid, other}
+
+
+async def test_retention_applies_to_every_execution_key_and_never_to_an_index(
+    store: ExecutionStore,
+) -> None:
+    eid = await store.create(plan_of({"a": []}), retention_s=60)
+    await store.create(plan_of({"a": []}))  # keeps both indexes non-empty
+    assert await store.cancel(eid) == "Cancelled"
+    present = [k for k in keys.execution_keys(eid).all() if await store.redis.exists(k)]
+    assert present, "the finalized execution still has its keys"
+    for key in present:
+        assert 0 < await store.redis.ttl(key) <= 60, key
+    for index in (keys.executions_index(), keys.active_executions()):
+        assert await store.redis.ttl(index) == -1, f"{index} must never expire"
+
+
+async def test_prune_removes_executions_whose_keys_expired_and_nothing_else(
+    store: ExecutionStore,
+) -> None:
+    expiring = [await store.create(plan_of({"a": []}), retention_s=1) for _ in range(7)]
+    for eid in expiring:
+        assert await store.cancel(eid) == "Cancelled"
+    kept_finished = await store.create(plan_of({"a": []}), retention_s=3600)
+    assert await store.cancel(kept_finished) == "Cancelled"
+    running = await store.create(plan_of({"a": []}))
+    await store.claim(running, "w", 1, 30_000)
+    assert (await store.prune_index(batch=3)).unlisted == 0, "nothing has expired yet"
+    for _ in range(400):  # the server expires the keys after 1 s (its own clock)
+        if not await store.redis.exists(keys.execution_keys(expiring[-1]).meta):
+            break
+        await asyncio.sleep(0.01)
+    result = await store.prune_index(batch=3)
+    assert result.unlisted == len(expiring)
+    assert await _members(store.redis, keys.executions_index()) == {kept_finished, running}
+    assert await _members(store.redis, keys.active_executions()) == {running}
+    again = await store.prune_index()
+    assert (again.unlisted, again.deactivated) == (0, 0)
+
+
+async def test_prune_clears_active_entries_left_by_older_writers(store: ExecutionStore) -> None:
+    """Entries written before finalization removed them itself: a finalized execution and
+    one whose keys are gone leave the active index; a running one stays."""
+    done = await store.create(plan_of({"a": []}))
+    assert await store.cancel(done) == "Cancelled"
+    running = await store.create(plan_of({"a": []}))
+    await store.redis.zadd(keys.active_executions(), {done: 1, "vanished": 2})
+    result = await store.prune_index()
+    assert result.deactivated == 2
+    assert await _members(store.redis, keys.active_executions()) == {running}
+
+
+async def test_concurrent_prunes_agree(store: ExecutionStore) -> None:
+    eids = [await store.create(plan_of({"a": []}), retention_s=1) for _ in range(20)]
+    for eid in eids:
+        await store.cancel(eid)
+    await store.redis.delete(*[keys.execution_keys(e).meta for e in eids[:10]])
+    gate = asyncio.Event()
+
+    async def prune() -> int:
+        await gate.wait()
+        return (await store.prune_index(batch=4)).unlisted
+
+    tasks = [asyncio.create_task(prune()) for _ in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert sum(await asyncio.gather(*tasks)) == 10, "each entry is removed exactly once"
+    assert await _members(store.redis, keys.executions_index()) == set(eids[10:])
