@@ -82,6 +82,10 @@ Global:
                                     (pause/resume/cancel), so workers react at once.
 ``air:suspect:<inst>``      hash    delivery failures of an instance; while its TTL runs
                                     admission skips the instance (circuit breaker).
+``air:sruns:open``          zset    non-terminal shared runs (reconciler). shared_runs.
+``air:sruns:finished``      zset    terminal shared runs by finish time (retention).
+``air:delivery-failures:<inst>`` hash consecutive delivery failures / past suspicions of an
+                                    instance (TTL), behind its suspect mark. control plane.
 ==========================  ======  ========================================================
 """
 
@@ -301,3 +305,20 @@ def control_channel() -> str:
 def suspect_instance(instance_id: str) -> str:
     """Delivery-failure record of an instance that admission should skip for a while."""
     return f"{PREFIX}:suspect:{instance_id}"
+
+
+def shared_runs_open() -> str:
+    """Shared runs not yet in a terminal status (zset, score = creation ms): what the
+    control plane's reconciler looks at."""
+    return f"{PREFIX}:sruns:open"
+
+
+def shared_runs_finished() -> str:
+    """Shared runs in a terminal status (zset, score = finished ms): what retention prunes."""
+    return f"{PREFIX}:sruns:finished"
+
+
+def delivery_failures(instance_id: str) -> str:
+    """Consecutive delivery failures and past suspicions of an instance (hash, TTL): the
+    memory behind :func:`suspect_instance` marks."""
+    return f"{PREFIX}:delivery-failures:{instance_id}"
