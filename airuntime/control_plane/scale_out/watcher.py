@@ -3,7 +3,9 @@
 A :class:`ScaleOutWatcher` hands Pending requests to a provider. Fulfilment marks the
 request Fulfilled with the new instance id; a refusal or a crash marks it Rejected
 with the error and the time of the next attempt (the prefix backs off, see
-:mod:`~airuntime.control_plane.scale_out.requests`). The :class:`FulfilledRunRequeuer`
+:mod:`~airuntime.control_plane.scale_out.requests`). A request left Observed by a
+control plane that died while its provider worked is failed as abandoned after
+``abandon_after_s``, so its prefix is not blocked forever. The :class:`FulfilledRunRequeuer`
 then puts the shared run back into the shared queue -- a compare-and-set from
 ScaleOutRequested, so a cancel that landed meanwhile stands -- and the pump dispatches
 it: the watcher never dispatches.
@@ -46,11 +48,13 @@ class ScaleOutWatcher:
         provider: ScaleOutProvider,
         poll_s: float = 0.1,
         on_failure: FailureHook | None = None,
+        abandon_after_s: float = 900.0,
     ) -> None:
         self.store = store
         self.provider = provider
         self.poll_s = poll_s
         self.on_failure = on_failure
+        self.abandon_after_ms = int(abandon_after_s * 1000)
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -63,7 +67,12 @@ class ScaleOutWatcher:
     async def observe_once(self) -> int:
         started = 0
         for req in await self.store.list():
-            if req.phase is not ScaleOutPhase.PENDING or req.request_id in self._inflight:
+            if req.request_id in self._inflight:
+                continue
+            if req.phase is ScaleOutPhase.OBSERVED and self._abandoned(req):
+                await self._failed(req, "abandoned: the control plane working on it stopped")
+                continue
+            if req.phase is not ScaleOutPhase.PENDING:
                 continue
             observed = await self.store.transition(
                 req.request_id,
@@ -80,6 +89,10 @@ class ScaleOutWatcher:
             task.add_done_callback(self._tasks.discard)
             started += 1
         return started
+
+    def _abandoned(self, req: ScaleOutRequest) -> bool:
+        observed = req.observed_at_ms or req.requested_at_ms
+        return now_ms() - observed > self.abandon_after_ms
 
     async def _fulfil(self, req: ScaleOutRequest) -> None:
         try:
