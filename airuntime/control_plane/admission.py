@@ -4,9 +4,10 @@ Admission runs with the run's ExecutionContextSnapshot restored and decides (an
 :class:`Assign` result carries the instance and its reservation, a
 :class:`NotAssigned` one the reason):
 
-* ``AssignToInstance`` — a tenant-visible, ready instance can accept the run and one
-  of its run slots was **reserved atomically** (``reserveSlot-1.lua``, with TTL); the
-  reservation is released if dispatch fails;
+* ``AssignToInstance`` — a tenant-visible, ready, not suspect instance can accept the
+  run, and one of its run slots **and the workers the run will take** were **reserved
+  atomically** (``reserveSlot-1.lua``, with TTL, in Redis time); the reservation is
+  released if dispatch fails;
 * ``RequestScaleOut`` — nothing visible can take it, scale-out is enabled, and the
   tenant has fewer instances with its runtime prefix than its ``max_instances``;
 * ``QueueGlobally`` — nothing can take it now, but capacity exists or is coming;
@@ -16,7 +17,17 @@ Admission runs with the run's ExecutionContextSnapshot restored and decides (an
 Candidate order: a tenant preferring dedicated capacity (or a Dedicated/Hybrid
 tenant) gets its own instances first, shared fallback after; among equals the one
 with the most free run slots. Only the restored snapshot's tenant decides what is
-visible.
+visible. Suspect instances (:mod:`~airuntime.control_plane.suspects`: recently
+unreachable) are skipped while their mark lives.
+
+A reservation counts until the instance's descriptor reflects it: reservations made
+before the descriptor was published (its age measured by Redis, from the TTL left on
+its key) are dropped, so are expired ones; once the runtime accepted the run the
+reservation is confirmed (:meth:`Admission.confirm`) and the next descriptor the
+instance publishes retires it. A run takes ``min(workers per run,
+available workers)`` of the instance's workers when it starts, and so does its
+reservation: admission never promises more workers than are free, as it never
+promises more run slots.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from typing import Any, ClassVar, Literal
 
 from redis.asyncio import Redis
 
+from airuntime.control_plane.suspects import SuspectMarks
 from airuntime.core import keys
 from airuntime.core.context import DEFAULT_TENANT, current_context
 from airuntime.core.scripts import ScriptLibrary, library
@@ -46,6 +58,11 @@ class Decision(StrEnum):
 class Reservation:
     instance_id: str
     reservation_id: str
+    """The reservation's member in the instance's reservations zset."""
+    workers: int = 1
+    """Workers reserved with the run slot."""
+    instance_had_failures: bool = False
+    """The instance has a delivery-failure record: a successful delivery clears it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +96,19 @@ def free_run_slots(d: InstanceDescriptor) -> int:
     return max(0, c.max_concurrent_runs - c.running_run_count - c.queued_run_count)
 
 
+def free_workers(d: InstanceDescriptor) -> int:
+    """Workers a new run could take now: the available ones, less what the runs in the
+    instance's local queue will take when they start."""
+    c = d.capacity
+    return max(0, c.available_worker_count - c.queued_run_count * workers_per_run(d))
+
+
+def workers_per_run(d: InstanceDescriptor) -> int:
+    """The most workers one run takes on the instance."""
+    c = d.capacity
+    return max(1, min(c.worker_count, c.max_local_workers_per_execution))
+
+
 class Admission:
     """Tenant-aware admission over the registry, with atomic slot reservations."""
 
@@ -90,6 +120,7 @@ class Admission:
         reservation_ttl_ms: int = 10_000,
         reservation_grace_ms: int = 500,
         scripts: ScriptLibrary | None = None,
+        suspects: SuspectMarks | None = None,
     ) -> None:
         self.redis = redis
         self.registry = Registry(redis)
@@ -97,6 +128,7 @@ class Admission:
         self.reservation_ttl_ms = reservation_ttl_ms
         self.reservation_grace_ms = reservation_grace_ms
         self.scripts = scripts or library()
+        self.suspects = suspects or SuspectMarks(redis, scripts=self.scripts)
 
     async def admit(self, *, target: str | None = None) -> AdmissionResult:
         """Decide for the run whose snapshot is the current context.
@@ -114,13 +146,11 @@ class Admission:
         ]
         if target is not None:
             visible = [d for d in visible if d.instance_id == target]
-        for candidate in self._ordered(visible, tenant):
-            slots = free_run_slots(candidate)
-            if slots <= 0:
-                continue
-            reservation = await self._reserve(candidate, slots)
+        candidates = [d for d in self._ordered(visible, tenant) if free_run_slots(d) > 0]
+        if candidates:
+            reservation = await self._reserve_first(candidates)
             if reservation is not None:
-                return Assign(tenant, candidate, reservation)
+                return Assign(tenant, reservation[0], reservation[1])
         if target is not None:
             return NotAssigned(Decision.QUEUE, tenant, f"target {target} cannot accept now")
         own = await self.registry.list_by_prefix(tenant.runtime_prefix)
@@ -154,21 +184,73 @@ class Admission:
 
         return sorted(visible, key=key)
 
-    async def _reserve(self, d: InstanceDescriptor, slots: int) -> Reservation | None:
-        rid = uuid.uuid4().hex
+    async def _reserve_first(
+        self, candidates: list[InstanceDescriptor]
+    ) -> tuple[InstanceDescriptor, Reservation] | None:
+        """Reserve on the first candidate that is not suspect and has room."""
+        ids = [d.instance_id for d in candidates]
+        (suspect, failing), ages = await self.suspects.state(ids), await self._ages(candidates)
+        for d in candidates:
+            if d.instance_id in suspect:
+                continue
+            reservation = await self._reserve(d, ages.get(d.instance_id, -1))
+            if reservation is not None:
+                if d.instance_id in failing:
+                    reservation = Reservation(
+                        reservation.instance_id,
+                        reservation.reservation_id,
+                        reservation.workers,
+                        instance_had_failures=True,
+                    )
+                return d, reservation
+        return None
+
+    async def _ages(self, candidates: list[InstanceDescriptor]) -> dict[str, int]:
+        """How long ago (Redis time, ms) each descriptor was published: the TTL it was
+        written with (its registry score less its heartbeat stamp, both from the
+        instance's own clock) less the TTL its key has left."""
+        pipe = self.redis.pipeline(transaction=False)
+        for d in candidates:
+            pipe.zscore(keys.instances(), d.instance_id)
+            pipe.pttl(keys.instance(d.instance_id))
+        replies = await pipe.execute()
+        ages: dict[str, int] = {}
+        for d, score, left in zip(candidates, replies[0::2], replies[1::2], strict=True):
+            if score is None or int(left) < 0:
+                continue
+            written_with = int(float(score)) - d.heartbeat_at_ms
+            ages[d.instance_id] = max(0, written_with - int(left))
+        return ages
+
+    async def _reserve(self, d: InstanceDescriptor, age_ms: int) -> Reservation | None:
         reply: Any = await self.scripts.call(
             self.redis,
             "reserveSlot",
             [keys.reservations(d.instance_id)],
             [
-                rid,
-                slots,
-                d.capacity.snapshot_at_ms,
+                uuid.uuid4().hex,
+                free_run_slots(d),
+                age_ms,
                 self.reservation_ttl_ms,
                 self.reservation_grace_ms,
+                free_workers(d),
+                workers_per_run(d),
             ],
         )
-        return Reservation(d.instance_id, rid) if int(reply[0]) == 1 else None
+        if int(reply[0]) != 1:
+            return None
+        member = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+        return Reservation(d.instance_id, member, int(member.rsplit("|", 1)[1]))
+
+    async def confirm(self, reservation: Reservation) -> None:
+        """The runtime accepted the run: the reservation counts until the instance next
+        publishes its descriptor (which then reflects the run), not for its whole TTL."""
+        await self.scripts.call(
+            self.redis,
+            "confirmReservation",
+            [keys.reservations(reservation.instance_id)],
+            [reservation.reservation_id, self.reservation_grace_ms],
+        )
 
     async def release(self, reservation: Reservation) -> None:
         """Give a reserved slot back (dispatch failed)."""

@@ -11,6 +11,12 @@ cycle are in :mod:`~airuntime.control_plane.pump`.
 
 The pump's identity (``pump_runtime_instance_id``, ``pump_worker_id``) is recorded on
 the shared run for observability and is never used as the dispatch target.
+
+Every status the dispatcher records is a compare-and-set on the shared run
+(:meth:`~airuntime.control_plane.shared_runs.SharedRunStore.transition`): a cancel that
+landed meanwhile is never overwritten. Failures to reach an instance are counted
+(:mod:`~airuntime.control_plane.suspects`), a success clears them; a scale-out that
+failed lately is not asked for again before its backoff passed.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from airuntime.control_plane.admission import Admission, Assign, Decision, NotAssigned
 from airuntime.control_plane.scale_out import ScaleOutStore
 from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus, SharedQueue
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
+from airuntime.control_plane.suspects import FAULT_REASONS, SuspectMarks
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.engine.execution_store import ExecutionStore
@@ -37,6 +46,7 @@ from airuntime.fleet.runs import RunRequest, RunStatus
 log = logging.getLogger(__name__)
 
 CANCELLED_IN_FLIGHT = "cancelled while being dispatched"
+_QUEUED = frozenset({SharedRunStatus.QUEUED_GLOBALLY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +132,8 @@ class SharedRunDispatcher:
         scale_outs: ScaleOutStore | None,
         identity: PumpIdentity,
         observer: DispatchObserver | None = None,
+        *,
+        suspects: SuspectMarks | None = None,
     ) -> None:
         self.runs = runs
         self.queue = queue
@@ -130,6 +142,7 @@ class SharedRunDispatcher:
         self.scale_outs = scale_outs
         self.identity = identity
         self.observer = observer
+        self.suspects = suspects or admission.suspects
         self.run_index = RunIndex(runs.redis)
         self.executions = ExecutionStore(runs.redis)
 
@@ -152,11 +165,11 @@ class SharedRunDispatcher:
 
     async def _handle(self, item: ClaimedItem, target: str | None) -> DispatchResult:
         run = await self.runs.get(item.shared_run_id)
-        if run is None or run.status is SharedRunStatus.CANCELLED:
-            await self.queue.settle(
-                item, QueueItemStatus.CANCELLED, "shared run cancelled or missing"
-            )
-            return DispatchResult(False, shared_run_id=item.shared_run_id, reason="cancelled")
+        if run is None or run.status is not SharedRunStatus.QUEUED_GLOBALLY:
+            # Cancelled (or ended, or gone) while its item waited: it leaves the queue.
+            what = "missing" if run is None else run.status.value
+            await self.queue.settle(item, QueueItemStatus.CANCELLED, f"shared run {what}")
+            return DispatchResult(False, shared_run_id=item.shared_run_id, reason=what)
         with use_context(run.snapshot):
             result = await self._dispatch(item, run, target)
         if self.observer is not None:
@@ -194,7 +207,8 @@ class SharedRunDispatcher:
     async def _scale_out(
         self, item: ClaimedItem, run: SharedRun, admitted: NotAssigned, scale_outs: ScaleOutStore
     ) -> DispatchResult:
-        in_flight = await scale_outs.outstanding(admitted.tenant.runtime_prefix)
+        prefix = admitted.tenant.runtime_prefix
+        in_flight = await scale_outs.outstanding(prefix)
         if in_flight is not None:
             # Capacity for this prefix is already being created: wait in the queue
             # for it instead of filing one request per queued run.
@@ -203,7 +217,18 @@ class SharedRunDispatcher:
             return DispatchResult.refused(
                 run, Decision.QUEUE, f"scale-out {request_id} in flight", requeued=True
             )
-        req = await scale_outs.create(admitted.tenant, run.shared_run_id)
+        latest = await scale_outs.latest(prefix)
+        if latest is not None and scale_outs.backing_off(latest):
+            # The last attempt failed: wait in the queue until its backoff passed.
+            why = (
+                f"scale-out of {prefix} backing off after {latest.attempts} failed "
+                f"attempt(s) until {latest.next_attempt_at_ms}: {latest.last_error}"
+            )
+            await self.queue.settle(item, QueueItemStatus.PENDING, why[:500])
+            return DispatchResult.refused(run, Decision.QUEUE, why, requeued=True)
+        req = await scale_outs.create(
+            admitted.tenant, run.shared_run_id, attempts=scale_outs.next_attempts(latest)
+        )
         await self._park(
             item,
             run,
@@ -225,9 +250,11 @@ class SharedRunDispatcher:
     ) -> None:
         """Take the item out of the queue as ``outcome`` and record ``changes`` on the
         shared run. Settle first: a run cancelled while claimed (settle refused) stays
-        Cancelled, and is not requeued after a scale-out."""
+        Cancelled, and is not requeued after a scale-out; the record is a
+        compare-and-set from QueuedGlobally, so a cancel that lands in between stands."""
         if await self.queue.settle(item, outcome, detail):
-            await self.runs.update(run.shared_run_id, **changes)
+            status: SharedRunStatus = changes.pop("status")
+            await self.runs.transition(run.shared_run_id, status, expect=_QUEUED, **changes)
 
     # -- delivery ---------------------------------------------------------------------
 
@@ -242,13 +269,15 @@ class SharedRunDispatcher:
         )
         try:
             run_id = await self.providers(instance).deliver(instance, request)
-        except (DeliveryError, OSError) as exc:
+        except (DeliveryError, OSError, RedisError) as exc:
             await self.admission.release(admitted.reservation)
             await self.queue.settle(
                 item,
                 QueueItemStatus.PENDING,
                 f"dispatch to {instance.instance_id} failed: {exc}",
             )
+            if not isinstance(exc, DeliveryError) or exc.reason in FAULT_REASONS:
+                await self.suspects.failed(instance.instance_id, f"{type(exc).__name__}: {exc}")
             return DispatchResult.refused(
                 run, Decision.ASSIGN, str(exc), requeued=True, instance_id=instance.instance_id
             )
@@ -264,15 +293,20 @@ class SharedRunDispatcher:
     ) -> DispatchResult:
         """The runtime accepted: only now the queue item and the shared run are Dispatched."""
         instance_id = admitted.instance.instance_id
+        await self.admission.confirm(admitted.reservation)
+        if admitted.reservation.instance_had_failures:
+            await self.suspects.succeeded(instance_id)
         settled = await self.queue.settle(item, QueueItemStatus.DISPATCHED, instance_id)
         if not settled and await self.queue.status(run.shared_run_id) is (
             QueueItemStatus.CANCELLED
         ):
             return await self._cancelled_in_flight(run, admitted, run_id)
         now = int(time.time() * 1000)
-        await self.runs.update(
+        # From QueuedGlobally only: the runtime's outcome may have ended the run already.
+        await self.runs.transition(
             run.shared_run_id,
-            status=SharedRunStatus.DISPATCHED,
+            SharedRunStatus.DISPATCHED,
+            expect=_QUEUED,
             assigned_instance_id=instance_id,
             run_id=run_id,
             pump_runtime_instance_id=self.identity.runtime_instance_id,
@@ -303,9 +337,9 @@ class SharedRunDispatcher:
         that local run and leave the shared run Cancelled (not Dispatched)."""
         await cancel_local_run(self.run_index, self.executions, run_id, run.snapshot.tenant_id)
         await self.admission.release(admitted.reservation)
-        await self.runs.update(
+        await self.runs.transition(
             run.shared_run_id,
-            status=SharedRunStatus.CANCELLED,
+            SharedRunStatus.CANCELLED,
             assigned_instance_id=admitted.instance.instance_id,
             run_id=run_id,
             reason=CANCELLED_IN_FLIGHT,

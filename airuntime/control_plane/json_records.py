@@ -2,13 +2,16 @@
 
 Shared runs and scale-out requests are each one pydantic model stored as JSON under
 one key; every change reads it, computes the new record and writes it under WATCH,
-retrying when another writer changed the key in between.
+retrying when another writer changed the key in between. That makes each change a
+compare-and-set: ``change`` sees the record as it is when the write lands, so a
+transition that is no longer allowed (a cancel landed first) is refused, not written
+over.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from redis.asyncio import Redis
@@ -16,14 +19,22 @@ from redis.exceptions import WatchError
 
 M = TypeVar("M", bound=BaseModel)
 
+AlsoWrite = Callable[[Any, Any, Any], None]
+"""``also(pipe, before, after)``: more writes queued in the same MULTI (index upkeep)."""
+
 
 async def update_record(
-    redis: Redis, key: str, model: type[M], change: Callable[[M], M | None]
+    redis: Redis,
+    key: str,
+    model: type[M],
+    change: Callable[[M], M | None],
+    also: Callable[[Any, M, M], None] | None = None,
 ) -> tuple[M, M] | None:
     """Replace the record at ``key`` by ``change(record)``; ``(before, after)``.
 
     None, and nothing written, when the key does not exist or ``change`` returns None.
-    ``change`` may run more than once (once per conflicting write).
+    ``change`` may run more than once (once per conflicting write). ``also`` queues
+    further writes into the same transaction.
     """
     while True:
         async with redis.pipeline(transaction=True) as pipe:
@@ -38,7 +49,14 @@ async def update_record(
                     return None
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.set(key, after.model_dump_json())
+                if also is not None:
+                    also(pipe, before, after)
                 await pipe.execute()
                 return before, after
             except WatchError:
                 continue
+
+
+async def read_record(redis: Redis, key: str, model: type[M]) -> M | None:
+    raw = await redis.get(key)
+    return model.model_validate_json(raw) if raw else None

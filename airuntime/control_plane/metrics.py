@@ -1,9 +1,12 @@
 """Prometheus metrics of the control plane.
 
-Counters and histograms are fed by the dispatcher's observer (admission decisions,
-dispatch latency, pump cycles, reservations); gauges that live in Redis (queue depth
-per tenant, scale-out requests by state, instances) are refreshed right before each
-scrape by :meth:`ControlPlaneMetrics.refresh`.
+Counters and histograms are fed as things happen: the dispatcher's observer
+(admission decisions, dispatch latency, pump cycles, reservations), the supervisor's
+error hook (``airuntime_loop_errors_total{loop}``: a background loop failed and is
+being restarted) and the scale-out watcher's failure hook
+(``airuntime_scale_out_failures_total``). Gauges that live in Redis (queue depth per
+tenant, scale-out requests by phase, suspect instances) and the loops' health are
+refreshed right before each scrape by :meth:`ControlPlaneMetrics.refresh`.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from airuntime.control_plane.dispatch import DispatchResult
-from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutStore
-from airuntime.control_plane.shared_queue import SharedQueue
+from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutRequest
+from airuntime.control_plane.service import ControlPlane
 
 
 class ControlPlaneMetrics:
-    def __init__(self, queue: SharedQueue, scale_outs: ScaleOutStore) -> None:
-        self.queue = queue
-        self.scale_outs = scale_outs
+    """The metrics of one control plane; building it wires its hooks."""
+
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.control_plane = cp = control_plane
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.queue_depth = Gauge(
@@ -53,6 +57,42 @@ class ControlPlaneMetrics:
         self.scale_out_requests = Gauge(
             "airuntime_scale_out_requests", "Scale-out requests by phase.", ["phase"], registry=r
         )
+        self.scale_out_failures = Counter(
+            "airuntime_scale_out_failures_total",
+            "Scale-out attempts the provider refused or failed (each backs the prefix off).",
+            ["tenant", "prefix"],
+            registry=r,
+        )
+        self.loop_errors = Counter(
+            "airuntime_loop_errors_total",
+            "Failures of a background loop (each one restarts it with backoff).",
+            ["loop"],
+            registry=r,
+        )
+        self.loop_healthy = Gauge(
+            "airuntime_loop_healthy", "1 while a background loop works.", ["loop"], registry=r
+        )
+        self.suspect_instances = Gauge(
+            "airuntime_suspect_instances",
+            "Registered runtime instances admission skips because they could not be reached.",
+            registry=r,
+        )
+        self._wire(cp)
+
+    def _wire(self, cp: ControlPlane) -> None:
+        previous_observer = cp.dispatcher.observer
+        if previous_observer is None:
+            cp.dispatcher.observer = self.observe
+        else:
+
+            def both(result: DispatchResult) -> None:
+                previous_observer(result)
+                self.observe(result)
+
+            cp.dispatcher.observer = both
+        cp.supervisor.on_error = lambda loop, _exc: self.loop_errors.labels(loop).inc()
+        if cp.watcher is not None:
+            cp.watcher.on_failure = self.scale_out_failed
 
     def observe(self, result: DispatchResult) -> None:
         if result.empty:
@@ -68,12 +108,22 @@ class ControlPlaneMetrics:
                 result.decision.value if result.decision else "error"
             ).inc()
 
+    def scale_out_failed(self, request: ScaleOutRequest, error: str) -> None:
+        self.scale_out_failures.labels(request.tenant_id, request.runtime_prefix).inc()
+
     async def refresh(self) -> None:
+        cp = self.control_plane
+        for name, health in cp.supervisor.loops.items():
+            self.loop_errors.labels(name)  # every loop has a series, 0 until it fails
+            self.loop_healthy.labels(name).set(1 if health.healthy else 0)
         self.queue_depth.clear()
-        for tenant, n in (await self.queue.pending_by_tenant()).items():
+        for tenant, n in (await cp.queue.pending_by_tenant()).items():
             self.queue_depth.labels(tenant).set(n)
         counts = {p: 0 for p in ScaleOutPhase}
-        for req in await self.scale_outs.list():
+        for req in await cp.scale_outs.list():
             counts[req.phase] += 1
         for phase, n in counts.items():
             self.scale_out_requests.labels(phase.value).set(n)
+        instances = [d.instance_id for d in await cp.registry.list_all()]
+        suspect, _ = await cp.suspects.state(instances)
+        self.suspect_instances.set(len(suspect))

@@ -4,7 +4,9 @@
 :class:`~airuntime.control_plane.dispatch.SharedRunDispatcher` until ``max_count``
 cycles ran, no Pending item is left, a cycle failed while the options ask to stop
 at a failure, or it is cancelled. :class:`BackgroundPump` does that continuously once
-its readiness gate passed (a registered runtime is ready to accept a run).
+its readiness gate passed (a registered runtime is ready to accept a run); it runs as
+a supervised loop, reporting ``ok`` after every gate poll and every batch, so a Redis
+that goes away restarts it (gate included) instead of ending it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from enum import StrEnum
 
 from airuntime.control_plane.admission import Decision
 from airuntime.control_plane.dispatch import DispatchResult, SharedRunDispatcher
+from airuntime.core.supervision import LoopContext
 from airuntime.fleet.registry import InstanceStatus, Registry
 
 
@@ -90,19 +93,22 @@ class BackgroundPump:
         self.ready = asyncio.Event()
         self.wake = asyncio.Event()
 
-    async def wait_ready(self) -> None:
+    async def wait_ready(self, ctx: LoopContext | None = None) -> None:
         """The readiness gate: at least one registered, ready runtime that can accept a run."""
-        while True:
+        while not self.ready.is_set():
             for d in await self.registry.list_all():
                 if d.status is InstanceStatus.READY and d.capacity.can_accept_run:
                     self.ready.set()
                     return
+            if ctx is not None:
+                ctx.ok()
             await asyncio.sleep(self.idle_s)
 
-    async def run(self) -> None:
-        await self.wait_ready()
+    async def run(self, ctx: LoopContext) -> None:
+        await self.wait_ready(ctx)
         while True:
             result = await self.pump.pump_once(self.batch)
+            ctx.ok()
             if result.dispatched == 0:
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):

@@ -6,6 +6,13 @@ ExecutionContextSnapshot, so a caller can never submit as, see, or cancel for
 another tenant. Tokens are stored as SHA-256 digests when the file gives
 ``token_sha256``; plain ``token`` entries are for development.
 
+A submission may set more of its snapshot, only within what its token allows
+(:meth:`Principal.snapshot`; anything else is refused naming the field and the value,
+403): ``project`` one of the token's ``projects``, ``current_namespace`` and every
+entry of ``namespaces`` among the token's ``namespaces`` (``"*"`` in either list:
+any), ``context_key`` only when the token has ``context_key: true``, and
+``tenant_group_id`` only the token's own group. The tenant always comes from the token.
+
 Tokens file (YAML)::
 
     tokens:
@@ -14,12 +21,16 @@ Tokens file (YAML)::
         tenant: tenant-a
         tenant_group: null
         roles: [operator]
+        projects: [reports]          # optional; default none
+        namespaces: [team-a, shared] # optional; default none
+        context_key: false           # optional; default false
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
 
@@ -27,6 +38,22 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from airuntime.core.config_files import load_yaml_model
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.errors import AirError
+
+ANY: str = "*"
+"""In a token's ``projects`` or ``namespaces``: every value is allowed."""
+
+
+def _pattern(model: type[BaseModel], field: str) -> str:
+    for meta in model.model_fields[field].metadata:
+        pattern = getattr(meta, "pattern", None)
+        if isinstance(pattern, str):
+            return pattern
+    raise LookupError(f"{model.__name__}.{field} has no pattern")
+
+
+TENANT_ID_PATTERN: str = _pattern(ExecutionContextSnapshot, "tenant_id")
+"""What a tenant id looks like: the snapshot's own rule (a DNS label)."""
 
 
 class Capability(StrEnum):
@@ -53,9 +80,15 @@ class TokenEntry(BaseModel):
     token: str | None = Field(default=None, min_length=8)
     token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     user: str = Field(min_length=1)
-    tenant: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    tenant: str = Field(pattern=TENANT_ID_PATTERN)
     tenant_group: str | None = None
     roles: list[str] = Field(min_length=1)
+    projects: list[str] = Field(default_factory=list)
+    """Projects a submission may name (``"*"``: any); default none."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces a submission may act in or name (``"*"``: any); default none."""
+    context_key: bool = False
+    """Whether a submission may set its context key; default false."""
 
     @model_validator(mode="after")
     def _one_secret_known_roles(self) -> TokenEntry:
@@ -80,6 +113,17 @@ class TokensFile(BaseModel):
     tokens: list[TokenEntry]
 
 
+class NotAllowed(AirError):
+    """A submission asked for a snapshot field its token does not allow (403)."""
+
+    def __init__(self, field: str, value: object, allowed: Collection[str] | None) -> None:
+        within = (
+            f" (allowed: {', '.join(sorted(allowed)) or 'none'})" if allowed is not None else ""
+        )
+        super().__init__(f"{field} {value!r} is not allowed for this token{within}")
+        self.field = field
+
+
 class Principal(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -87,17 +131,49 @@ class Principal(BaseModel):
     tenant_id: str
     tenant_group_id: str | None = None
     capabilities: frozenset[Capability]
+    projects: frozenset[str] = frozenset()
+    namespaces: frozenset[str] = frozenset()
+    context_key: bool = False
 
     def can(self, capability: Capability) -> bool:
         return capability in self.capabilities or Capability.ADMIN in self.capabilities
 
-    def snapshot(self, project: str | None = None) -> ExecutionContextSnapshot:
+    def snapshot(
+        self,
+        project: str | None = None,
+        *,
+        current_namespace: str | None = None,
+        namespaces: Collection[str] = (),
+        context_key: str | None = None,
+        tenant_group_id: str | None = None,
+    ) -> ExecutionContextSnapshot:
+        """The snapshot of a run this caller submits; :class:`NotAllowed` for a field
+        value the token does not allow. The tenant is always the token's."""
+        if project is not None and not _within(project, self.projects):
+            raise NotAllowed("project", project, self.projects)
+        if current_namespace is not None and not _within(current_namespace, self.namespaces):
+            raise NotAllowed("current_namespace", current_namespace, self.namespaces)
+        for ns in namespaces:
+            if not _within(ns, self.namespaces):
+                raise NotAllowed("namespaces", ns, self.namespaces)
+        if context_key is not None and not self.context_key:
+            raise NotAllowed("context_key", context_key, None)
+        if tenant_group_id is not None and tenant_group_id != self.tenant_group_id:
+            own = [self.tenant_group_id] if self.tenant_group_id else []
+            raise NotAllowed("tenant_group_id", tenant_group_id, own)
         return ExecutionContextSnapshot(
             tenant_id=self.tenant_id,
             tenant_group_id=self.tenant_group_id,
             user_id=self.user,
             project=project,
+            context_key=context_key,
+            current_namespace=current_namespace,
+            namespaces=tuple(namespaces),
         )
+
+
+def _within(value: str, allowed: frozenset[str]) -> bool:
+    return ANY in allowed or value in allowed
 
 
 class Authenticator:
@@ -122,5 +198,8 @@ class Authenticator:
                     tenant_id=entry.tenant,
                     tenant_group_id=entry.tenant_group,
                     capabilities=frozenset(caps),
+                    projects=frozenset(entry.projects),
+                    namespaces=frozenset(entry.namespaces),
+                    context_key=entry.context_key,
                 )
         return None

@@ -1,13 +1,19 @@
-"""The control plane: submit, queue, pump, admit, scale out, requeue, cancel.
+"""The control plane: submit, queue, pump, admit, scale out, requeue, end, cancel, prune.
 
 :class:`ControlPlane` wires the shared run store, the shared queue, admission, the
-dispatcher and pump, the scale-out watcher and the fulfilled-run requeuer. Submit
-modes:
+dispatcher and pump, scale-out (watcher and fulfilled-run requeuer), the end of runs
+(outcome reader and reconciler) and retention. Submit modes:
 
 * ``QueueFirst`` — the run becomes QueuedGlobally with a Pending queue item; no
   RunId, no ExecutionId until a pump dispatches it;
 * ``DirectDispatch`` — admission runs at once and its decision is kept
   (AssignToInstance / QueueGlobally / RequestScaleOut / Reject).
+
+Every background loop runs under one :class:`~airuntime.core.supervision.Supervisor`
+(``discovery``, ``pump``, ``scale-out-watcher``, ``requeuer``, ``outcomes``,
+``reconciler``, ``retention``): a loop that fails -- Redis restarting, a runtime
+frozen mid-delivery -- is logged, counted (``airuntime_loop_errors_total``) and
+restarted with jittered backoff, and ``/readyz`` names it until it works again.
 
 Whether manual drain is allowed and whether the background pump (with its readiness
 gate) runs are fields of :class:`~airuntime.control_plane.settings.ControlPlaneSettings`.
@@ -17,19 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from airuntime.control_plane.admission import Admission, Assign, Decision
+from airuntime.control_plane.delivery import Deliveries
 from airuntime.control_plane.dispatch import (
     DispatchObserver,
     PumpIdentity,
     SharedRunDispatcher,
     cancel_local_run,
 )
+from airuntime.control_plane.outcomes import OutcomeReader, end_shared_run, outcome_of
 from airuntime.control_plane.pump import BackgroundPump, PumpResult, SharedQueuePump
+from airuntime.control_plane.reconciler import Reconciler
+from airuntime.control_plane.retention import Retention, RetentionPolicy
 from airuntime.control_plane.run_details import (
     ExecutionProgress,
     RunRecordView,
@@ -41,21 +53,25 @@ from airuntime.control_plane.scale_out import (
     ScaleOutStore,
     ScaleOutWatcher,
 )
+from airuntime.control_plane.scale_out.requests import ScaleOutBackoff
 from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
 from airuntime.control_plane.shared_queue import SharedQueue
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
+from airuntime.control_plane.suspects import SuspectMarks, SuspectPolicy
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot, use_context
 from airuntime.core.errors import AirError
-from airuntime.core.tasks import cancel_and_wait
+from airuntime.core.supervision import LoopContext, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
 from airuntime.fleet.discovery import publish_control_plane
-from airuntime.fleet.providers import LocalProvider, RuntimeProvider, provider_for
+from airuntime.fleet.providers import LocalProvider, RuntimeProvider
 from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.fleet.run_index import RunIndex
-from airuntime.fleet.runs import RunRecord
+from airuntime.fleet.runs import RunRecord, RunStatus
+
+DISCOVERY_INTERVAL_S = 3.0
 
 
 class ControlPlaneError(AirError):
@@ -64,6 +80,46 @@ class ControlPlaneError(AirError):
     def __init__(self, message: str, *, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class PipelineRefused(ControlPlaneError):
+    """The submitted pipeline is invalid for the submitting tenant (422); ``problems``
+    are ``(location, message)`` pairs, the location as a path into the pipeline."""
+
+    def __init__(self, problems: list[tuple[list[str | int], str]]) -> None:
+        super().__init__(
+            "pipeline: " + "; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in problems),
+            status=422,
+        )
+        self.problems = problems
+
+
+_LOC_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)|\[(\d+)\]|\['([^']*)'\]")
+
+
+def _loc(text: str) -> list[str | int]:
+    """``steps[1].uses`` -> ``["steps", 1, "uses"]``."""
+    return [int(index) if index else (name or key) for name, index, key in _LOC_PART.findall(text)]
+
+
+def _dotted(loc: list[str | int]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _refusal(exc: PipelineError, pipeline: dict[str, Any]) -> PipelineRefused:
+    """The compiler's problems, each naming the step's id where it is about a step."""
+    raw = pipeline.get("steps")
+    steps: list[Any] = raw if isinstance(raw, list) else []
+    problems: list[tuple[list[str | int], str]] = []
+    for p in exc.problems:
+        loc = _loc(p.loc)
+        message = p.message
+        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
+            step = steps[loc[1]] if loc[1] < len(steps) else None
+            if isinstance(step, dict) and isinstance(step.get("id"), str):
+                message = f"step {step['id']!r}: {message}"
+        problems.append((loc, message))
+    return PipelineRefused(problems)
 
 
 class ControlPlane:
@@ -79,23 +135,35 @@ class ControlPlane:
         handlers: HandlerRegistry | None = None,
         observer: DispatchObserver | None = None,
         worker_id: str = "pump-0",
+        retention_policy: RetentionPolicy | None = None,
     ) -> None:
         self.redis = redis
-        self.settings = settings or ControlPlaneSettings()
+        self.settings = s = settings or ControlPlaneSettings()
         self.local = local or LocalProvider()
         self.handlers = handlers
         self.runs = SharedRunStore(redis)
-        self.queue = SharedQueue(redis, claim_lease_ms=self.settings.claim_lease_ms)
+        self.queue = SharedQueue(redis, claim_lease_ms=s.claim_lease_ms)
         self.registry = Registry(redis)
         self.run_index = RunIndex(redis)
         self.executions = ExecutionStore(redis)
-        self.admission = Admission(redis, scale_out_enabled=self.settings.scale_out_enabled)
-        self.scale_outs = ScaleOutStore(redis)
-        self.scale_out_provider = scale_out_provider
-        self._providers: dict[str, RuntimeProvider] = {}
-        self.identity = PumpIdentity(
-            self.settings.control_plane_id, f"{self.settings.control_plane_id}/{worker_id}"
+        self.suspects = SuspectMarks(
+            redis,
+            SuspectPolicy(s.delivery_failures_before_suspect, s.suspect_initial_s, s.suspect_max_s),
         )
+        self.admission = Admission(
+            redis, scale_out_enabled=s.scale_out_enabled, suspects=self.suspects
+        )
+        self.scale_outs = ScaleOutStore(
+            redis, ScaleOutBackoff(s.scale_out_backoff_initial_s, s.scale_out_backoff_max_s)
+        )
+        self.scale_out_provider = scale_out_provider
+        self.deliveries = Deliveries(
+            redis,
+            self.local,
+            timeout_s=s.delivery_timeout_s,
+            runtime_token=s.runtime_token.get_secret_value() if s.runtime_token else None,
+        )
+        self.identity = PumpIdentity(s.control_plane_id, f"{s.control_plane_id}/{worker_id}")
         self.dispatcher = SharedRunDispatcher(
             self.runs,
             self.queue,
@@ -104,47 +172,75 @@ class ControlPlane:
             self.scale_outs,
             self.identity,
             observer,
+            suspects=self.suspects,
         )
         self.pump = SharedQueuePump(self.dispatcher)
         self.background = BackgroundPump(self.pump, self.registry)
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(f"control plane {s.control_plane_id}")
+        self.watcher = (
+            ScaleOutWatcher(self.scale_outs, scale_out_provider) if scale_out_provider else None
+        )
+        self.requeuer = FulfilledRunRequeuer(self.scale_outs, self.runs, self.queue)
+        self.outcomes = OutcomeReader(
+            self.deliveries.blocking_redis, self.runs, consumer=s.control_plane_id
+        )
+        self.reconciler = Reconciler(
+            self.runs, self.queue, self.run_index, interval_s=s.reconcile_interval_s
+        )
+        self.retention = Retention(
+            redis,
+            self.runs,
+            self.scale_outs,
+            retention_policy or RetentionPolicy(s.retention_s),
+            interval_s=s.retention_interval_s,
+        )
 
     def provider(self, instance: InstanceDescriptor) -> RuntimeProvider:
-        name = instance.provider if instance.instance_id not in self.local.instances else "local"
-        if name not in self._providers:
-            self._providers[name] = provider_for(name, redis=self.redis, local=self.local)
-        return self._providers[name]
+        return self.deliveries.provider(instance)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._publish_discovery()
-        self._tasks.append(asyncio.create_task(self._discovery_heartbeat(), name="cp-discovery"))
+        """Start every background loop under the supervisor."""
+        with contextlib.suppress(RedisError):
+            await self._publish_discovery()  # at once if it can; the loop keeps it fresh
+        sup = self.supervisor
+        sup.start("discovery", self._discovery_loop)
         if self.settings.pump_enabled and self.settings.background_pump:
-            self._tasks.append(
-                asyncio.create_task(self.background.run(), name="cp-background-pump")
-            )
-        if self.scale_out_provider is not None:
-            watcher = ScaleOutWatcher(self.scale_outs, self.scale_out_provider)
-            requeuer = FulfilledRunRequeuer(self.scale_outs, self.runs, self.queue)
-            self._tasks.append(asyncio.create_task(watcher.run(), name="cp-scale-out-watcher"))
-            self._tasks.append(asyncio.create_task(requeuer.run(), name="cp-requeue"))
+            sup.start("pump", self.background.run)
+        if self.watcher is not None:
+            sup.start("scale-out-watcher", self.watcher.run)
+            sup.start("requeuer", self.requeuer.run)
+        sup.start("outcomes", self.outcomes.run)
+        sup.start("reconciler", self.reconciler.run)
+        sup.start("retention", self.retention.run)
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)
-        self._tasks.clear()
+        await self.supervisor.stop()
+        if self.watcher is not None:
+            await self.watcher.stop()
         if self.scale_out_provider is not None:
             await self.scale_out_provider.close()
         with contextlib.suppress(Exception):
             await self.redis.delete(keys.control_plane())
+        await self.deliveries.close()
+
+    async def wait_started(self) -> None:
+        """Return once every loop has worked at least once (tests, the local stack)."""
+        await asyncio.gather(*(self.supervisor.wait_ok(name) for name in self.supervisor.loops))
+
+    def unhealthy_loops(self) -> list[str]:
+        """The background loops that are not working right now (``/readyz``)."""
+        return self.supervisor.unhealthy()
 
     async def _publish_discovery(self) -> None:
         await publish_control_plane(self.redis, self.settings.control_plane_id)
 
-    async def _discovery_heartbeat(self) -> None:
+    async def _discovery_loop(self, ctx: LoopContext) -> None:
         while True:
-            await asyncio.sleep(3)
             await self._publish_discovery()
+            ctx.ok()
+            await asyncio.sleep(DISCOVERY_INTERVAL_S)
 
     # -- submit / read / cancel -----------------------------------------------------------------
 
@@ -157,12 +253,16 @@ class ControlPlane:
         metadata: dict[str, str] | None = None,
         mode: SubmitMode | None = None,
     ) -> SharedRun:
-        """Persist a shared run and place it according to the submit mode."""
+        """Persist a shared run and place it according to the submit mode.
+
+        The pipeline is compiled against the submitting tenant's handler allowlist
+        first (:class:`PipelineRefused` names the step and the handler)."""
+        tenant = await self.registry.tenant(snapshot.tenant_id)
         try:
             spec = parse_pipeline(pipeline)
-            compile_pipeline(spec, self.handlers)
+            compile_pipeline(spec, self.handlers, allowed_handlers=tenant.allowed_handlers)
         except PipelineError as exc:
-            raise ControlPlaneError(f"pipeline: {exc}") from None
+            raise _refusal(exc, pipeline) from None
         now = int(time.time() * 1000)
         run = SharedRun(
             shared_run_id=SharedRunStore.new_id(),
@@ -176,7 +276,9 @@ class ControlPlane:
             updated_at_ms=now,
         )
         await self.runs.create(run)
-        run = await self.runs.update(run.shared_run_id, status=SharedRunStatus.QUEUED_GLOBALLY)
+        queued = await self.runs.transition(run.shared_run_id, SharedRunStatus.QUEUED_GLOBALLY)
+        if not queued.moved:
+            return queued.run  # cancelled before it was queued: it stays cancelled
         await self.queue.enqueue(run.shared_run_id, snapshot.tenant_id)
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.
@@ -216,24 +318,41 @@ class ControlPlane:
         return await self.runs.list(tenant_id, limit)
 
     async def cancel(self, shared_run_id: str, tenant_id: str | None) -> SharedRun | None:
+        """Cancel a run: out of the queue if it is still there (Cancelled at once), else
+        its runtime run is cancelled and the shared run ends Cancelled once the runtime
+        run did (at once when it had not started yet)."""
         run = await self._visible(shared_run_id, tenant_id)
         if run is None:
             return None
-        tenant = run.snapshot.tenant_id
+        if run.status.terminal and run.status is not SharedRunStatus.REJECTED:
+            return run
         if run.status is SharedRunStatus.DISPATCHED and run.run_id:
-            await cancel_local_run(self.run_index, self.executions, run.run_id, tenant)
-            return await self.runs.update(shared_run_id, reason="cancel requested")
+            return await self._cancel_runtime_run(run, run.run_id)
         if await self.queue.cancel(shared_run_id) == 0:
             # A pump settled the item Dispatched after the run was read above: the
-            # runtime accepted it, so cancel the runtime run (the shared run stays as the
-            # pump records it, Dispatched).
+            # runtime accepted it, so cancel the runtime run.
             run_id = run.run_id or await self.run_index.run_for_shared(shared_run_id)
             if run_id is not None:
-                await cancel_local_run(self.run_index, self.executions, run_id, tenant)
+                return await self._cancel_runtime_run(run, run_id)
             return await self.runs.update(shared_run_id, reason="cancel requested")
-        return await self.runs.update(
-            shared_run_id, status=SharedRunStatus.CANCELLED, reason="cancelled"
+        ended = await self.runs.transition(
+            shared_run_id, SharedRunStatus.CANCELLED, reason="cancelled"
         )
+        return ended.run
+
+    async def _cancel_runtime_run(self, run: SharedRun, run_id: str) -> SharedRun:
+        tenant = run.snapshot.tenant_id
+        await cancel_local_run(self.run_index, self.executions, run_id, tenant)
+        record = await self.run_index.get_for_tenant(run_id, tenant)
+        outcome = outcome_of(record) if record is not None else None
+        if outcome is not None and outcome.status is RunStatus.CANCELLED:
+            ended = await end_shared_run(self.runs, outcome)
+            if ended is not None:
+                return ended.run
+        current = await self.runs.require(run.shared_run_id)
+        if current.status.terminal:
+            return current
+        return await self.runs.update(run.shared_run_id, reason="cancel requested")
 
     async def drain(
         self, max_count: int = 100, *, stop_on_failure: bool = False, target: str | None = None

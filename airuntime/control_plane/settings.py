@@ -20,7 +20,7 @@ import socket
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from airuntime.core.settings import EnvSettings
 
@@ -62,6 +62,34 @@ class _BehaviourFields(BaseModel):
     """Pump continuously after the readiness gate (default true)."""
     scale_out_enabled: bool = True
     """Admission may answer RequestScaleOut (default true)."""
+    runtime_token: SecretStr | None = None
+    """Bearer token the control plane presents to runtime instances' HTTP intake (the
+    runtimes' ``AIRUNTIME_RUNTIME_TOKEN``); default none."""
+    delivery_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """How long a delivery waits for a runtime to accept a run (default 10 s); the
+    ``redis`` provider's blocking wait gets a socket timeout 5 s longer."""
+    delivery_failures_before_suspect: int = Field(default=3, ge=1, le=1000)
+    """Consecutive failures to reach an instance before admission skips it (default 3)."""
+    suspect_initial_s: float = Field(default=5.0, gt=0)
+    """How long admission skips a suspect instance the first time (default 5 s); each
+    repeated suspicion doubles it."""
+    suspect_max_s: float = Field(default=300.0, gt=0)
+    """The longest admission skips a suspect instance (default 300 s)."""
+    scale_out_backoff_initial_s: float = Field(default=5.0, gt=0)
+    """After a failed scale-out, the wait before the next attempt for that runtime
+    prefix (default 5 s); doubled after each further failure."""
+    scale_out_backoff_max_s: float = Field(default=300.0, gt=0)
+    """The longest wait between scale-out attempts for one prefix (default 300 s)."""
+    retention_s: float = Field(default=7 * 24 * 3600, gt=0)
+    """How long terminal shared runs, their queue items and scale-out records are kept
+    (default 7 days, counted from the end of the run)."""
+    retention_interval_s: float = Field(default=60.0, gt=0)
+    """Seconds between retention passes (default 60)."""
+    reconcile_interval_s: float = Field(default=30.0, gt=0)
+    """Seconds between passes of the reconciler over open shared runs (default 30)."""
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body the API reads (default 1 MiB = 1048576 bytes; larger: 413).
+    Submitting a larger pipeline needs a higher value."""
 
 
 class ControlPlaneSettings(_BehaviourFields):

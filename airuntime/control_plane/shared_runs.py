@@ -1,21 +1,29 @@
-"""Shared runs: what the control plane knows of a run from submission on.
+"""Shared runs: what the control plane knows of a run from submission to its end.
 
 A *shared run* (SharedRunId) exists from submission, before any runtime is chosen:
 it persists the pipeline, the inputs and the ExecutionContextSnapshot, and later the
-RunId and the assigned instance. Its status moves only along
-:data:`SHARED_RUN_TRANSITIONS`; where it waits meanwhile is the shared queue
-(:mod:`~airuntime.control_plane.shared_queue`).
+RunId, the assigned instance and how the run ended. Its status moves only along
+:data:`SHARED_RUN_TRANSITIONS`, and every status change is a compare-and-set
+(:meth:`SharedRunStore.transition`: WATCH on the record, the table checked against
+the record as it is when the write lands), so a move that lost a race -- a cancel that
+landed between submit's create and its queueing, or between the requeuer's read and
+its write -- is refused instead of written over the winner. Where a run waits
+meanwhile is the shared queue (:mod:`~airuntime.control_plane.shared_queue`).
 
 Keys: ``air:srun:<SharedRunId>`` (the record, JSON), ``air:sruns`` zset (all, by
-creation), ``air:sruns:tenant:<t>`` zset.
+creation), ``air:sruns:tenant:<t>`` zset, ``air:sruns:open`` zset (not terminal: the
+reconciler's work list) and ``air:sruns:finished`` zset (terminal, by finish time:
+retention's work list); the indexes change in the same transaction as the record.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
@@ -28,6 +36,9 @@ from airuntime.core.context import ExecutionContextSnapshot
 
 log = logging.getLogger(__name__)
 
+SHARED_RUN_ID_PATTERN: Final = r"^sr-[0-9a-f]{32}$"
+"""What :meth:`SharedRunStore.new_id` makes; the API refuses any other path id (422)."""
+
 
 class SharedRunStatus(StrEnum):
     SUBMITTED = "Submitted"
@@ -35,14 +46,32 @@ class SharedRunStatus(StrEnum):
     DISPATCHED = "Dispatched"
     SCALE_OUT_REQUESTED = "ScaleOutRequested"
     REJECTED = "Rejected"
-    CANCELLED = "Cancelled"
+    SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    CANCELLED = "Cancelled"
 
     def can_become(self, status: SharedRunStatus) -> bool:
         """Whether a shared run may move from this status to ``status`` (recording the
         same status again is always allowed)."""
         return status == self or status in SHARED_RUN_TRANSITIONS[self]
 
+    @property
+    def terminal(self) -> bool:
+        """The run has ended: nothing dispatches it any more (Rejected may still be
+        cancelled, which changes nothing but its status)."""
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES: Final = frozenset(
+    {
+        SharedRunStatus.SUCCEEDED,
+        SharedRunStatus.FAILED,
+        SharedRunStatus.CANCELLED,
+        SharedRunStatus.REJECTED,
+    }
+)
+
+_ENDED: Final = frozenset({SharedRunStatus.SUCCEEDED, SharedRunStatus.FAILED})
 
 SHARED_RUN_TRANSITIONS: Final[Mapping[SharedRunStatus, frozenset[SharedRunStatus]]] = {
     # submit persists the run, then queues it (a cancel may come first).
@@ -50,13 +79,16 @@ SHARED_RUN_TRANSITIONS: Final[Mapping[SharedRunStatus, frozenset[SharedRunStatus
         {SharedRunStatus.QUEUED_GLOBALLY, SharedRunStatus.CANCELLED}
     ),
     # Dispatch-time admission decides (Dispatched only once the runtime accepted);
-    # cancel may land at any point before.
+    # cancel may land at any point before. The runtime's outcome may overtake the
+    # pump's record of the dispatch (a run that finished before the pump wrote
+    # Dispatched): it ends the run from here.
     SharedRunStatus.QUEUED_GLOBALLY: frozenset(
         {
             SharedRunStatus.DISPATCHED,
             SharedRunStatus.SCALE_OUT_REQUESTED,
             SharedRunStatus.REJECTED,
             SharedRunStatus.CANCELLED,
+            *_ENDED,
         }
     ),
     # The requeuer puts the run back once the scale-out request is finished.
@@ -64,11 +96,11 @@ SHARED_RUN_TRANSITIONS: Final[Mapping[SharedRunStatus, frozenset[SharedRunStatus
         {SharedRunStatus.QUEUED_GLOBALLY, SharedRunStatus.CANCELLED}
     ),
     SharedRunStatus.REJECTED: frozenset({SharedRunStatus.CANCELLED}),
-    # Cancelling a Dispatched run cancels its runtime run; the shared run stays Dispatched.
-    SharedRunStatus.DISPATCHED: frozenset(),
-    SharedRunStatus.CANCELLED: frozenset(),
-    # Nothing assigns Failed yet.
+    # The runtime run's outcome ends it (a cancel cancels the runtime run first).
+    SharedRunStatus.DISPATCHED: frozenset({SharedRunStatus.CANCELLED, *_ENDED}),
+    SharedRunStatus.SUCCEEDED: frozenset(),
     SharedRunStatus.FAILED: frozenset(),
+    SharedRunStatus.CANCELLED: frozenset(),
 }
 """Which status a shared run may move to from each status."""
 
@@ -93,6 +125,20 @@ class SharedRun(BaseModel):
     pump_runtime_instance_id: str | None = None
     pump_worker_id: str | None = None
     dispatched_at_ms: int | None = None
+    finished_at_ms: int | None = None
+    """When the run reached a terminal status (retention counts from here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What :meth:`SharedRunStore.transition` did: ``run`` is the record as it is now."""
+
+    run: SharedRun
+    moved: bool
+    """Whether the status changed. False when the table did not allow the move from the
+    record's current status (a concurrent writer won) or the caller's ``expect`` did
+    not hold -- nothing written -- and when the run already had ``status`` (the
+    changes were recorded, the status stayed)."""
 
 
 def _now() -> int:
@@ -104,7 +150,7 @@ def _s(v: Any) -> str:
 
 
 class SharedRunStore:
-    """Shared run records (one JSON document per run; tenant index)."""
+    """Shared run records (one JSON document per run; tenant, open and finished indexes)."""
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
@@ -114,7 +160,7 @@ class SharedRunStore:
         return f"sr-{uuid.uuid4().hex}"
 
     async def create(self, run: SharedRun) -> None:
-        """Persist a new run and index it (all runs, and its tenant's runs)."""
+        """Persist a new run and index it (all runs, its tenant's runs, open runs)."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(keys.shared_run(run.shared_run_id), run.model_dump_json())
         pipe.zadd(keys.shared_runs(), {run.shared_run_id: run.created_at_ms})
@@ -122,11 +168,18 @@ class SharedRunStore:
             keys.shared_runs_by_tenant(run.snapshot.tenant_id),
             {run.shared_run_id: run.created_at_ms},
         )
+        pipe.zadd(keys.shared_runs_open(), {run.shared_run_id: run.created_at_ms})
         await pipe.execute()
 
     async def get(self, shared_run_id: str) -> SharedRun | None:
         raw = await self.redis.get(keys.shared_run(shared_run_id))
         return SharedRun.model_validate_json(raw) if raw else None
+
+    async def get_many(self, shared_run_ids: list[str]) -> list[SharedRun]:
+        if not shared_run_ids:
+            return []
+        raws = await self.redis.mget([keys.shared_run(i) for i in shared_run_ids])
+        return [SharedRun.model_validate_json(r) for r in raws if r]
 
     async def get_for_tenant(self, shared_run_id: str, tenant_id: str) -> SharedRun | None:
         run = await self.get(shared_run_id)
@@ -139,10 +192,9 @@ class SharedRunStore:
         return run
 
     async def update(self, shared_run_id: str, **changes: Any) -> SharedRun:
-        """Read-modify-write under WATCH, retried on conflict.
-
-        A status change that :data:`SHARED_RUN_TRANSITIONS` does not allow is still
-        written (the callers decide), but logged: it means two writers raced."""
+        """Change fields other than the status (read-modify-write under WATCH)."""
+        if "status" in changes:
+            raise ValueError("a status change goes through transition()")
         updated = await update_record(
             self.redis,
             keys.shared_run(shared_run_id),
@@ -151,20 +203,76 @@ class SharedRunStore:
         )
         if updated is None:
             raise KeyError(f"shared run {shared_run_id} does not exist")
-        before, run = updated
-        if not before.status.can_become(run.status):
-            log.warning(
-                "shared run %s moved %s -> %s, not an allowed transition",
-                shared_run_id,
-                before.status,
-                run.status,
-            )
-        return run
+        return updated[1]
+
+    async def transition(
+        self,
+        shared_run_id: str,
+        status: SharedRunStatus,
+        *,
+        expect: frozenset[SharedRunStatus] | None = None,
+        **changes: Any,
+    ) -> Transition:
+        """Compare-and-set: move the run to ``status`` with ``changes`` only if
+        :data:`SHARED_RUN_TRANSITIONS` allows it from the status the record has when
+        the write lands (and, with ``expect``, that status is one of those).
+
+        Moving to a terminal status also moves the run from the open index to the
+        finished one, in the same transaction. KeyError when the run does not exist.
+        With the status it already has, only ``changes`` are recorded (``moved`` False).
+        """
+        refused: list[SharedRun] = []
+
+        def apply(run: SharedRun) -> SharedRun | None:
+            refused.clear()
+            allowed = run.status.can_become(status) and (expect is None or run.status in expect)
+            if not allowed:
+                refused.append(run)
+                return None
+            now = _now()
+            extra: dict[str, Any] = {"status": status, "updated_at_ms": now}
+            if status.terminal and run.finished_at_ms is None:
+                extra["finished_at_ms"] = now
+            return run.model_copy(update={**changes, **extra})
+
+        def index(pipe: Any, before: SharedRun, after: SharedRun) -> None:
+            if after.status.terminal:
+                pipe.zrem(keys.shared_runs_open(), after.shared_run_id)
+                pipe.zadd(
+                    keys.shared_runs_finished(),
+                    {after.shared_run_id: after.finished_at_ms or after.updated_at_ms},
+                )
+
+        key = keys.shared_run(shared_run_id)
+        updated = await update_record(self.redis, key, SharedRun, apply, also=index)
+        if updated is not None:
+            before, after = updated
+            return Transition(after, moved=before.status is not after.status)
+        if refused:
+            current = refused[0]
+            if current.status is not status:
+                log.info(
+                    "shared run %s stays %s: not moved to %s (a concurrent change won)",
+                    shared_run_id,
+                    current.status,
+                    status,
+                )
+            return Transition(current, moved=False)
+        raise KeyError(f"shared run {shared_run_id} does not exist")
 
     async def list(self, tenant_id: str | None = None, limit: int = 100) -> list[SharedRun]:
         index = keys.shared_runs_by_tenant(tenant_id) if tenant_id else keys.shared_runs()
         ids = await self.redis.zrevrange(index, 0, limit - 1)
-        if not ids:
-            return []
-        raws = await self.redis.mget([keys.shared_run(_s(i)) for i in ids])
-        return [SharedRun.model_validate_json(r) for r in raws if r]
+        return await self.get_many([_s(i) for i in ids])
+
+    async def open_ids(self, start: int, count: int) -> builtins.list[str]:
+        """A page of the open index, oldest first."""
+        ids = await self.redis.zrange(keys.shared_runs_open(), start, start + count - 1)
+        return [_s(i) for i in ids]
+
+    async def finished_before(self, cutoff_ms: int, start: int, count: int) -> builtins.list[str]:
+        """A page of the terminal runs that finished at or before ``cutoff_ms``, oldest first."""
+        ids = await self.redis.zrangebyscore(
+            keys.shared_runs_finished(), "-inf", cutoff_ms, start=start, num=count
+        )
+        return [_s(i) for i in ids]

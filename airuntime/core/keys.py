@@ -118,6 +118,10 @@ Global:
                                     (pause/resume/cancel), so workers react at once.
 ``air:suspect:<inst>``      hash    delivery failures of an instance; while its TTL runs
                                     admission skips the instance (circuit breaker).
+``air:sruns:open``          zset    non-terminal shared runs (reconciler). shared_runs.
+``air:sruns:finished``      zset    terminal shared runs by finish time (retention).
+``air:delivery-failures:<inst>`` hash consecutive delivery failures / past suspicions of an
+                                    instance (TTL), behind its suspect mark. control plane.
 ==========================  ======  ========================================================
 """
 
@@ -352,3 +356,20 @@ def suspect_instance(instance_id: str) -> str:
 def runs_retention() -> str:
     """Finished runs (``<tenant>:<RunId>``) by the end of their retention (ms)."""
     return f"{PREFIX}:runs:retention"
+
+
+def shared_runs_open() -> str:
+    """Shared runs not yet in a terminal status (zset, score = creation ms): what the
+    control plane's reconciler looks at."""
+    return f"{PREFIX}:sruns:open"
+
+
+def shared_runs_finished() -> str:
+    """Shared runs in a terminal status (zset, score = finished ms): what retention prunes."""
+    return f"{PREFIX}:sruns:finished"
+
+
+def delivery_failures(instance_id: str) -> str:
+    """Consecutive delivery failures and past suspicions of an instance (hash, TTL): the
+    memory behind :func:`suspect_instance` marks."""
+    return f"{PREFIX}:delivery-failures:{instance_id}"

@@ -131,7 +131,8 @@ class EmbeddedServer:
     ``start()``/``stop()`` (or ``with``; or ``astart()``/``astop()`` /
     ``async with``) manage it; ``url`` is ``redis://127.0.0.1:<port>/0`` or, with
     ``unix_socket=True``, ``unix://<path>?db=0``.  A stopped server can be started
-    again (with a new port).  ``stop()`` is idempotent and is also registered with
+    again (with a new port, unless ``fixed_port`` fixes it: what a test of clients that must
+    reconnect to a restarted server needs).  ``stop()`` is idempotent and is also registered with
     ``atexit`` while the server runs.
     """
 
@@ -150,6 +151,8 @@ class EmbeddedServer:
     """Seconds to wait after SHUTDOWN and again after SIGTERM before SIGKILL."""
     bind_attempts: int = 5
     """TCP only: how many random ports to try if binding loses a race."""
+    fixed_port: int | None = None
+    """TCP only: listen on this port (every start) instead of a random free one."""
 
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _port: int | None = field(default=None, init=False, repr=False)
@@ -356,7 +359,7 @@ class EmbeddedServer:
         self._cleanup_runtime_dir()
         runtime_dir = Path(tempfile.mkdtemp(prefix="airt-redis-"))
         self._runtime_dir = runtime_dir
-        self._port = None if self.unix_socket else free_port()
+        self._port = None if self.unix_socket else (self.fixed_port or free_port())
         argv = self._argv(runtime_dir, self._port or 0)
         preexec = make_preexec()
         log_path = runtime_dir / "server.log"

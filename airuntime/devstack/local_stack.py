@@ -89,10 +89,13 @@ async def serve_control_plane(
     the end.
     """
     redis = connect(redis_url, client_name="airt-control-plane")
-    scaler = scale_out_provider or (LocalScaler(redis, redis_url) if local_scaler else None)
+    settings = settings or ControlPlaneSettings()
+    token = settings.runtime_token.get_secret_value() if settings.runtime_token else None
+    scaler = scale_out_provider or (
+        LocalScaler(redis, redis_url, runtime_token=token) if local_scaler else None
+    )
     cp = ControlPlane(redis, settings, scale_out_provider=scaler)
-    metrics = ControlPlaneMetrics(cp.queue, cp.scale_outs)
-    cp.dispatcher.observer = metrics.observe
+    metrics = ControlPlaneMetrics(cp)
     if tenants:
         await publish_tenants(cp.registry, tenants)
     if auth is None:

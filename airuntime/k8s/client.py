@@ -39,6 +39,7 @@ from airuntime.k8s.v1alpha1 import RUNTIME_POOL, SCALE_OUT_REQUEST, CrdNames
 __all__ = [
     "CONFIG_MAP",
     "DEPLOYMENT",
+    "EVENT",
     "POD",
     "RUNTIME_POOL_KIND",
     "SCALE_OUT_REQUEST_KIND",
@@ -87,6 +88,7 @@ SERVICE: Final = Kind("v1", "Service", "services")
 SERVICE_ACCOUNT: Final = Kind("v1", "ServiceAccount", "serviceaccounts")
 CONFIG_MAP: Final = Kind("v1", "ConfigMap", "configmaps")
 POD: Final = Kind("v1", "Pod", "pods")
+EVENT: Final = Kind("v1", "Event", "events")
 RUNTIME_POOL_KIND: Final = Kind.of(RUNTIME_POOL)
 SCALE_OUT_REQUEST_KIND: Final = Kind.of(SCALE_OUT_REQUEST)
 _BY_KIND: Final = {k.kind: k for k in (DEPLOYMENT, SERVICE, SERVICE_ACCOUNT, CONFIG_MAP, POD)}

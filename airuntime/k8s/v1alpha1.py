@@ -526,7 +526,8 @@ class RuntimePoolConditionReason(StrEnum):
 
 
 class EventReason(StrEnum):
-    """Reasons of the Kubernetes events the operator posts about its resources."""
+    """Reasons of the Kubernetes events posted about airuntime's resources (by the
+    operator, and ``ScaleOutFailed`` by the control plane)."""
 
     RECONCILED = "Reconciled"
     """A RuntimePool's objects were applied and its tenant settings published."""
@@ -544,6 +545,9 @@ class EventReason(StrEnum):
     """A new runtime instance can accept a ScaleOutRequest's run."""
     REJECTED = "Rejected"
     """A ScaleOutRequest was refused or timed out (warning)."""
+    SCALE_OUT_FAILED = "ScaleOutFailed"
+    """The control plane's attempt at a ScaleOutRequest failed; it backs off before the
+    next one for the prefix (warning, posted by the control plane)."""
 
 
 # -- manifests --------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ one shared run. The operator answers it in three steps, each recorded in the
 request's status so a restarted (or newly elected) operator resumes where the
 previous one stopped:
 
-1. **observe** -- find the tenant's pool; record which registry instances of the
+1. **observe** -- find the tenant's pool and make it the request's owner (an
+   ``ownerReference``, so deleting the pool garbage-collects its requests: the control
+   plane files them, nothing of the release owns them, and they would outlive
+   ``helm uninstall``); record which registry instances of the
    prefix exist *before* scaling (the baseline: none of them can fulfil); reject
    when ``current replicas + requestedInstances > maxInstances``; otherwise raise
    the pool's ``spec.replicas`` with an optimistic-locked patch that also records the
@@ -72,11 +75,14 @@ class _Request:
     requested_at: Any
     pool_name: str | None
     shared_run_id: Any
+    owner_uids: frozenset[str]
 
     @classmethod
     def of(cls, body: kopf.Body) -> _Request:
         meta, spec = body.metadata, body.spec
+        owners = meta.get("ownerReferences") or []
         return cls(
+            owner_uids=frozenset(str(o.get("uid")) for o in owners),
             namespace=str(meta.namespace),
             name=str(meta.name),
             uid=str(meta.uid),
@@ -113,6 +119,7 @@ async def observe(
         pool = await _existing_pool(ctx, request, pool_name, retry)
         pool_spec = _valid_pool_spec(request, pool_name, pool)
         _check_serves(request, pool_name, pool_spec)
+        await _owned_by(ctx, request, pool, retry)
         baseline = await _baseline(ctx, request, body.status, pool_name, retry)
         previous, target = await _scale(ctx, request, pool_name, pool, pool_spec, retry)
     except _Rejection as rejection:
@@ -168,6 +175,27 @@ async def _existing_pool(
     if pool is None:
         raise _Rejection(f"RuntimePool {request.namespace}/{pool_name} does not exist.")
     return pool
+
+
+async def _owned_by(
+    ctx: OperatorContext, request: _Request, pool: Mapping[str, Any], retry: int
+) -> None:
+    """Make the pool the request's owner, once: the garbage collector then deletes the
+    request with the pool. No ``blockOwnerDeletion``: a request never delays its pool."""
+    meta = pool["metadata"]
+    if str(meta["uid"]) in request.owner_uids:
+        return
+    owner = {
+        "apiVersion": RUNTIME_POOL_KIND.api_version,
+        "kind": RUNTIME_POOL_KIND.kind,
+        "name": str(meta["name"]),
+        "uid": str(meta["uid"]),
+    }
+    with api_outcomes(retry):
+        await ctx.kube.merge_patch(
+            SCALE_OUT_REQUEST_KIND, request.namespace, request.name,
+            {"metadata": {"ownerReferences": [owner]}},
+        )  # fmt: skip
 
 
 def _valid_pool_spec(request: _Request, pool_name: str, pool: Mapping[str, Any]) -> RuntimePoolSpec:

@@ -137,6 +137,7 @@ async def running_host(host: RuntimeHost, cp: ControlPlane | None = None) -> Asy
 @asynccontextmanager
 async def running_cp(cp: ControlPlane) -> AsyncIterator[ControlPlane]:
     await cp.start()
+    await cp.wait_started()
     try:
         yield cp
     finally:
@@ -222,7 +223,9 @@ def descriptor(
         isolation_mode=isolation_mode,
         runtime_prefix=runtime_prefix,
         capacity=CapacityDescriptor.compute(
-            worker_count=10,
+            # Static descriptors never reflect a dispatch: workers (like run slots) are
+            # plentiful, so reservations (10 s TTL) do not throttle these tests.
+            worker_count=100_000,
             active_worker_count=0,
             max_local_workers_per_execution=4,
             queued_run_count=0,

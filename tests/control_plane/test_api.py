@@ -43,13 +43,14 @@ async def api(redis: Redis) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPla
     for inst in host.instances:
         cp.local.add(inst)
     await cp.start()
+    await cp.wait_started()
     auth = Authenticator(
         [
             TokenEntry(token=f"token-{name}", user=name, tenant=tenant, roles=roles)
             for name, (tenant, roles) in TOKENS.items()
         ]
     )
-    app = create_app(cp, auth, ControlPlaneMetrics(cp.queue, cp.scale_outs))
+    app = create_app(cp, auth, ControlPlaneMetrics(cp))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp")
     try:
         yield client, cp

@@ -107,6 +107,9 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
     async def capacity_when(active_workers: int) -> CapacityDescriptor:
         return await _capacity_when(Registry(redis), host.instances[0].instance_id, active_workers)
 
+    # The default tenant may use the test's handler (tenants get the built-ins only).
+    allowed = (*DEFAULT_ALLOWED_HANDLERS, "latch")
+    await Registry(redis).put_tenant(TenantSettings(tenant_id="default", allowed_handlers=allowed))
     async with serving(cp, host):
         idle = await capacity_when(0)
         assert (idle.worker_count, idle.available_worker_count) == (4, 4)

@@ -69,7 +69,11 @@ def test_both_transition_tables_cover_every_status() -> None:
     assert SharedRunStatus.QUEUED_GLOBALLY.can_become(SharedRunStatus.DISPATCHED)
     assert SharedRunStatus.CANCELLED.can_become(SharedRunStatus.CANCELLED)
     assert not SharedRunStatus.CANCELLED.can_become(SharedRunStatus.QUEUED_GLOBALLY)
-    assert not SharedRunStatus.DISPATCHED.can_become(SharedRunStatus.CANCELLED)
+    assert SharedRunStatus.DISPATCHED.can_become(SharedRunStatus.CANCELLED)
+    assert SharedRunStatus.DISPATCHED.can_become(SharedRunStatus.SUCCEEDED)
+    for status in SharedRunStatus:
+        if status.terminal and status is not SharedRunStatus.REJECTED:
+            assert SHARED_RUN_TRANSITIONS[status] == frozenset(), f"{status} is final"
 
 
 async def test_the_scripts_move_items_exactly_along_the_table(redis: Redis) -> None:

@@ -108,7 +108,7 @@ async def test_background_pump_disabled_keeps_runs_queued_until_manual_drain(
     cp = manual_cp(redis, pump_enabled=True)
     host = RuntimeHost(redis, SHARED_RUNTIME, instances=1)
     async with serving(cp, host):
-        assert not any(t.get_name() == "cp-background-pump" for t in cp._tasks)
+        assert "pump" not in cp.supervisor.loops
         run = await cp.submit(TINY_PIPELINE, snap())
         registry = Registry(redis)
         first = await registry.get(host.instances[0].instance_id)
@@ -132,7 +132,7 @@ async def test_background_pump_disabled_keeps_runs_queued_until_manual_drain(
 async def test_manual_drain_is_refused_when_the_pump_is_disabled(redis: Redis) -> None:
     cp = ControlPlane(redis, ControlPlaneSettings(pump_enabled=False))
     async with running_cp(cp):
-        assert not any(t.get_name() == "cp-background-pump" for t in cp._tasks)
+        assert "pump" not in cp.supervisor.loops
         run = await cp.submit(TINY_PIPELINE, snap())
         with pytest.raises(ControlPlaneError) as err:
             await cp.drain(10)

@@ -89,5 +89,15 @@ async def test_provider_raises_the_operator_s_rejection(
     tenant, prefix = unique("tenant"), unique("rt")
     await _pool(cluster, namespace, tenant, prefix, replicas=3)
 
+    request = _request(tenant, prefix)
     with pytest.raises(ScaleOutRejected, match="exceeds maxInstances 3"):
-        await provider.fulfil(_request(tenant, prefix))
+        await provider.fulfil(request)
+    # The control plane's own warning about the failed attempt, beside the operator's.
+    reasons = await eventually(
+        lambda: (
+            {"ScaleOutFailed", "Rejected"}
+            <= set(cluster.event_reasons(namespace, request.request_id))
+        ),
+        what="ScaleOutFailed and Rejected events",
+    )
+    assert reasons

@@ -1,15 +1,29 @@
-"""The FastAPI application: the routers, their shared context, and the error mapping."""
+"""The FastAPI application: the routers, their shared context, and the error mapping.
+
+Every refusal has a status and a body the OpenAPI document names: 400 (a body that is
+not JSON at all), 401, 403, 404, 409, 413, 422 (FastAPI's validation-error shape, also
+for an invalid pipeline and a non-finite number), and 503 with ``Retry-After`` when
+Redis does not answer -- never a 500 for something the caller or the network did.
+"""
 
 from __future__ import annotations
 
+from typing import Final
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.control_plane.api import fleet, health, queue, runs
 from airuntime.control_plane.api.deps import ApiContext
+from airuntime.control_plane.api.request_body import BodyLimit
 from airuntime.control_plane.metrics import ControlPlaneMetrics
-from airuntime.control_plane.rbac import Authenticator
-from airuntime.control_plane.service import ControlPlane, ControlPlaneError
+from airuntime.control_plane.rbac import Authenticator, NotAllowed
+from airuntime.control_plane.service import ControlPlane, ControlPlaneError, PipelineRefused
+
+RETRY_AFTER_S: Final = 5
+"""What a 503 asks the caller to wait before trying again, seconds."""
 
 
 def create_app(
@@ -17,10 +31,32 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="airuntime control plane", version="v1")
     app.state.airuntime = ApiContext(control_plane, auth, metrics)
+    app.add_middleware(BodyLimit, limit=control_plane.settings.max_request_bytes)
+
+    @app.exception_handler(PipelineRefused)
+    async def _invalid_pipeline(request: Request, exc: PipelineRefused) -> JSONResponse:
+        detail = [
+            {"type": "pipeline", "loc": ["body", "pipeline", *loc], "msg": msg}
+            for loc, msg in exc.problems
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(ControlPlaneError)
     async def _refused(request: Request, exc: ControlPlaneError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(NotAllowed)
+    async def _not_allowed(request: Request, exc: NotAllowed) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=403)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"Redis is not available ({type(exc).__name__}); retry later"},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     for module in (health, runs, queue, fleet):
         app.include_router(module.router)

@@ -1,4 +1,5 @@
-"""What the routes depend on: the wired control plane, and the authenticated caller.
+"""What the routes depend on: the wired control plane, the authenticated caller, and
+the error responses every authenticated route documents.
 
 :func:`~airuntime.control_plane.api.app.create_app` stores an :class:`ApiContext` on
 the app; routes take it, and the caller's :class:`~airuntime.control_plane.rbac.Principal`,
@@ -11,14 +12,45 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from airuntime.control_plane.api.models import ErrorBody
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, Capability, Principal
 from airuntime.control_plane.service import ControlPlane
+
+Responses = dict[int | str, dict[str, Any]]
+
+
+def error(description: str, **headers: str) -> dict[str, Any]:
+    """An error response of the OpenAPI document: an :class:`ErrorBody`."""
+    doc: dict[str, Any] = {"model": ErrorBody, "description": description}
+    if headers:
+        doc["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}}
+            for name, text in headers.items()
+        }
+    return doc
+
+
+UNAVAILABLE: Responses = {
+    503: error(
+        "Redis does not answer; retry after the given seconds.",
+        **{"Retry-After": "Seconds to wait before retrying."},
+    )
+}
+AUTHENTICATED: Responses = {
+    401: error("No bearer token, or an unknown one."),
+    403: error("The token's roles lack the capability this operation needs."),
+    **UNAVAILABLE,
+}
+WITH_BODY: Responses = {
+    400: error("The body is not JSON."),
+    413: error("The body is larger than max_request_bytes (AIRUNTIME_MAX_REQUEST_BYTES)."),
+}
 
 
 @dataclass(frozen=True)

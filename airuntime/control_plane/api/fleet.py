@@ -3,30 +3,39 @@ caller may see."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
+from typing import Annotated
 
-from airuntime.control_plane.api.deps import Context, Reader
-from airuntime.control_plane.api.models import ErrorBody
-from airuntime.control_plane.rbac import Capability
-from airuntime.fleet.registry import InstanceDescriptor
+from fastapi import APIRouter, HTTPException, Path
+
+from airuntime.control_plane.api.deps import AUTHENTICATED, Context, Reader, error
+from airuntime.control_plane.api.models import InstanceView
+from airuntime.control_plane.rbac import TENANT_ID_PATTERN, Capability
 from airuntime.fleet.tenancy import TenantSettings
 
-router = APIRouter(prefix="/v1", tags=["fleet"])
+router = APIRouter(prefix="/v1", tags=["fleet"], responses=AUTHENTICATED)
+
+TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN, description="A tenant id (DNS label).")]
 
 
-@router.get("/instances", response_model=list[InstanceDescriptor])
-async def instances(who: Reader, context: Context) -> list[InstanceDescriptor]:
-    """The instances the caller's tenant may run on."""
-    registry = context.control_plane.registry
-    return await registry.list_visible(await registry.tenant(who.tenant_id))
+@router.get("/instances", response_model=list[InstanceView])
+async def instances(who: Reader, context: Context) -> list[InstanceView]:
+    """The instances the caller's tenant may run on, each with its suspect mark (an
+    instance admission skips for a while because deliveries to it failed)."""
+    cp = context.control_plane
+    visible = await cp.registry.list_visible(await cp.registry.tenant(who.tenant_id))
+    marks = await cp.suspects.marks(d.instance_id for d in visible)
+    return [
+        InstanceView.model_validate({**d.model_dump(), "suspect": marks.get(d.instance_id)})
+        for d in visible
+    ]
 
 
 @router.get(
     "/tenants/{tenant_id}/settings",
     response_model=TenantSettings,
-    responses={404: {"model": ErrorBody, "description": "Not the caller's tenant."}},
+    responses={404: error("Not the caller's tenant.")},
 )
-async def tenant_settings(tenant_id: str, who: Reader, context: Context) -> TenantSettings:
+async def tenant_settings(tenant_id: TenantId, who: Reader, context: Context) -> TenantSettings:
     if tenant_id != who.tenant_id and not who.can(Capability.ADMIN):
         raise HTTPException(404, f"tenant {tenant_id!r} not found")
     return await context.control_plane.registry.tenant(tenant_id)

@@ -3,49 +3,111 @@
 Routes declare these as ``response_model``; the run bodies
 (:class:`~airuntime.control_plane.run_details.SharedRunView`,
 :class:`~airuntime.control_plane.run_details.SharedRunDetails`), instance descriptors and
-tenant settings are the control plane's own models.
+tenant settings are the control plane's own models. Request bodies are validated with
+the rules of the models they become (the snapshot fields with the snapshot's), and are
+bounded: the whole body by ``max_request_bytes`` (413), ``inputs`` by
+:data:`MAX_INPUTS_BYTES` of JSON, ``metadata`` by :data:`MAX_METADATA_ENTRIES` short
+entries.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Annotated, Any, Final
 
 import yaml
-from fastapi import HTTPException
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from airuntime.control_plane.pump import PumpStop
+from airuntime.control_plane.rbac import TENANT_ID_PATTERN
 from airuntime.control_plane.settings import SubmitMode
 from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.control_plane.suspects import SuspectMark
+from airuntime.fleet.registry import InstanceDescriptor
+
+MAX_INPUTS_BYTES: Final = 256 * 1024
+"""Largest ``inputs`` of a submission, as compact JSON (256 KiB)."""
+MAX_METADATA_ENTRIES: Final = 64
+"""Most ``metadata`` entries of a submission (keys up to 128, values up to 1024 characters)."""
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+MetadataValue = Annotated[str, StringConstraints(max_length=1024)]
+Namespace = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"\S")]
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class PipelineYamlError(ValueError):
+    """``pipeline_yaml`` is not a YAML mapping."""
+
+
+def _one_pipeline_schema(schema: dict[str, Any]) -> None:
+    """Document what the validator enforces: exactly one of the two pipeline fields."""
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        props["pipeline"] = {
+            "type": "object",
+            "title": "Pipeline",
+            "description": "Pipeline document (exactly one of pipeline, pipeline_yaml).",
+        }
+        props["pipeline_yaml"] = {
+            "type": "string",
+            "title": "Pipeline Yaml",
+            "description": "Pipeline as YAML text (exactly one of pipeline, pipeline_yaml).",
+        }
+    schema["oneOf"] = [{"required": ["pipeline"]}, {"required": ["pipeline_yaml"]}]
+
+
 class SubmitRequest(_Body):
-    pipeline: dict[str, Any] | None = Field(default=None, description="Pipeline document.")
-    pipeline_yaml: str | None = Field(default=None, description="Pipeline as YAML text.")
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_pipeline_schema)
+
+    pipeline: dict[str, Any] | None = None
+    pipeline_yaml: str | None = None
+    inputs: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"Run inputs; at most {MAX_INPUTS_BYTES} bytes as JSON.",
+    )
+    metadata: dict[MetadataKey, MetadataValue] = Field(
+        default_factory=dict, max_length=MAX_METADATA_ENTRIES
+    )
     mode: SubmitMode | None = None
-    project: str | None = None
+    project: str | None = Field(
+        default=None, max_length=200, description="One of the token's projects."
+    )
+    current_namespace: Namespace | None = Field(
+        default=None, description="One of the token's namespaces."
+    )
+    namespaces: list[Namespace] = Field(
+        default_factory=list, max_length=64, description="Each one of the token's namespaces."
+    )
+    context_key: str | None = Field(
+        default=None, max_length=200, description="Needs a token that allows a context key."
+    )
+    tenant_group_id: str | None = Field(
+        default=None, pattern=TENANT_ID_PATTERN, description="Only the token's own group."
+    )
 
     @model_validator(mode="after")
-    def _one_pipeline(self) -> SubmitRequest:
+    def _one_pipeline_and_bounded_inputs(self) -> SubmitRequest:
         if (self.pipeline is None) == (self.pipeline_yaml is None):
             raise ValueError("give exactly one of pipeline or pipeline_yaml")
+        size = len(json.dumps(self.inputs, separators=(",", ":")).encode())
+        if size > MAX_INPUTS_BYTES:
+            raise ValueError(f"inputs: {size} bytes of JSON, more than {MAX_INPUTS_BYTES}")
         return self
 
     def document(self) -> dict[str, Any]:
+        """The pipeline document; :class:`PipelineYamlError` for YAML that is no mapping."""
         if self.pipeline is not None:
             return self.pipeline
         try:
             doc = yaml.safe_load(self.pipeline_yaml or "")
         except yaml.YAMLError as exc:
-            raise HTTPException(400, f"pipeline_yaml: not valid YAML: {exc}") from None
+            raise PipelineYamlError(f"not valid YAML: {exc}") from None
         if not isinstance(doc, dict):
-            raise HTTPException(400, "pipeline_yaml: must be a mapping")
+            raise PipelineYamlError("must be a mapping")
         return doc
 
 
@@ -82,6 +144,13 @@ class QueueResponse(_Body):
     pending_by_tenant: dict[str, int]
 
 
+class InstanceView(InstanceDescriptor):
+    """A runtime instance as the API shows it: its descriptor, and whether admission
+    skips it because it could not be reached lately."""
+
+    suspect: SuspectMark | None = None
+
+
 class Health(_Body):
     status: str
 
@@ -94,6 +163,8 @@ class Ready(_Body):
 class NotReady(_Body):
     status: str
     detail: str
+    unhealthy_loops: list[str] = Field(default_factory=list)
+    """Background loops that are failing (restarting with backoff) or not started yet."""
 
 
 class ErrorBody(_Body):

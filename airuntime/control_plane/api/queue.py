@@ -6,22 +6,27 @@ import time
 
 from fastapi import APIRouter
 
-from airuntime.control_plane.api.deps import Context, Drainer, Reader
-from airuntime.control_plane.api.models import (
-    DrainRequest,
-    DrainResponse,
-    ErrorBody,
-    QueueResponse,
+from airuntime.control_plane.api.deps import (
+    AUTHENTICATED,
+    WITH_BODY,
+    Context,
+    Drainer,
+    Reader,
+    error,
 )
+from airuntime.control_plane.api.models import DrainRequest, DrainResponse, QueueResponse
+from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.rbac import Capability
 
-router = APIRouter(prefix="/v1/queue", tags=["queue"])
+router = APIRouter(
+    prefix="/v1/queue", tags=["queue"], route_class=StrictJsonRoute, responses=AUTHENTICATED
+)
 
 
 @router.post(
     "/drain",
     response_model=DrainResponse,
-    responses={409: {"model": ErrorBody, "description": "The pump is disabled."}},
+    responses={**WITH_BODY, 409: error("The pump is disabled.")},
 )
 async def drain(who: Drainer, context: Context, body: DrainRequest | None = None) -> DrainResponse:
     request = body or DrainRequest()

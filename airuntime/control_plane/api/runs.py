@@ -2,38 +2,77 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
+from pydantic import ValidationError
 
-from airuntime.control_plane.api.deps import Canceller, Context, Reader, Submitter
+from airuntime.control_plane.api.deps import (
+    AUTHENTICATED,
+    WITH_BODY,
+    Canceller,
+    Context,
+    Reader,
+    Responses,
+    Submitter,
+    error,
+)
 from airuntime.control_plane.api.models import (
     CancelResponse,
-    ErrorBody,
+    PipelineYamlError,
     SubmitRequest,
     SubmitResponse,
 )
+from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.run_details import SharedRunDetails, SharedRunView
+from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(
+    prefix="/v1/runs", tags=["runs"], route_class=StrictJsonRoute, responses=AUTHENTICATED
+)
 
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorBody, "description": "No such run visible to the caller."}
-}
+NOT_FOUND: Responses = {404: error("No such run visible to the caller.")}
+SharedRunId = Annotated[
+    str, Path(pattern=SHARED_RUN_ID_PATTERN, description="A SharedRunId (`sr-` + 32 hex).")
+]
 
 
 def _not_found(shared_run_id: str) -> HTTPException:
     return HTTPException(404, f"shared run {shared_run_id!r} not found")
 
 
-@router.post("", status_code=202, response_model=SubmitResponse)
+def _invalid(field: str, message: str) -> HTTPException:
+    return HTTPException(422, [{"type": "value_error", "loc": ["body", field], "msg": message}])
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitResponse,
+    responses={
+        **WITH_BODY,
+        403: error("The token lacks the submit capability, or does not allow a snapshot field."),
+    },
+)
 async def submit(body: SubmitRequest, who: Submitter, context: Context) -> SubmitResponse:
+    """Submit a run as the token's tenant; the snapshot's other fields only within what
+    the token allows."""
+    try:
+        document = body.document()
+    except PipelineYamlError as exc:
+        raise _invalid("pipeline_yaml", str(exc)) from None
+    try:
+        snapshot = who.snapshot(
+            body.project,
+            current_namespace=body.current_namespace,
+            namespaces=body.namespaces,
+            context_key=body.context_key,
+            tenant_group_id=body.tenant_group_id,
+        )
+    except ValidationError as exc:
+        raise _invalid("snapshot", str(exc)) from None
     run = await context.control_plane.submit(
-        body.document(),
-        who.snapshot(body.project),
-        inputs=body.inputs,
-        metadata=body.metadata,
-        mode=body.mode,
+        document, snapshot, inputs=body.inputs, metadata=body.metadata, mode=body.mode
     )
     return SubmitResponse(
         shared_run_id=run.shared_run_id,
@@ -49,7 +88,7 @@ async def submit(body: SubmitRequest, who: Submitter, context: Context) -> Submi
     response_model_exclude_unset=True,
     responses=NOT_FOUND,
 )
-async def get_run(shared_run_id: str, who: Reader, context: Context) -> SharedRunDetails:
+async def get_run(shared_run_id: SharedRunId, who: Reader, context: Context) -> SharedRunDetails:
     details = await context.control_plane.get(shared_run_id, who.tenant_id)
     if details is None:
         raise _not_found(shared_run_id)
@@ -58,14 +97,18 @@ async def get_run(shared_run_id: str, who: Reader, context: Context) -> SharedRu
 
 @router.get("", response_model=list[SharedRunView])
 async def list_runs(
-    who: Reader, context: Context, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    who: Reader,
+    context: Context,
+    limit: Annotated[int, Query(ge=1, le=1000, description="How many, newest first.")] = 100,
 ) -> list[SharedRunView]:
     runs = await context.control_plane.list(who.tenant_id, limit)
     return [SharedRunView.of(r) for r in runs]
 
 
 @router.post("/{shared_run_id}/cancel", response_model=CancelResponse, responses=NOT_FOUND)
-async def cancel(shared_run_id: str, who: Canceller, context: Context) -> CancelResponse:
+async def cancel(shared_run_id: SharedRunId, who: Canceller, context: Context) -> CancelResponse:
+    """Cancel a run: Cancelled at once while it is queued; once dispatched its runtime
+    run is cancelled and the run ends Cancelled when that one did."""
     run = await context.control_plane.cancel(shared_run_id, who.tenant_id)
     if run is None:
         raise _not_found(shared_run_id)

@@ -1,7 +1,12 @@
 """The ``local`` scale-out provider: ``airt runtime`` processes on this machine.
 
 :class:`LocalScaler` starts processes named ``<prefix>-<n>``, counting per runtime
-prefix (never globally) and never beyond the tenant's ``max_instances``.
+prefix (never globally) and never beyond the tenant's ``max_instances``. A child gets
+its settings as ``AIRUNTIME_*`` variables named by the runtime's own settings model
+(:class:`~airuntime.fleet.instance_settings.InstanceSettings`), exactly as the operator
+writes a pod's: the tenant's ownership and isolation, its capacity (workers, run
+slots, queue capacity, workers per execution, step slots), the shared Redis, and the
+runtime token the control plane presents to the runtime's intake.
 """
 
 from __future__ import annotations
@@ -17,8 +22,46 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from airuntime.control_plane.scale_out.requests import ScaleOutRejected, ScaleOutRequest
+from airuntime.core.settings import HOME_ENV, env_name
+from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+
+RUNTIME_TOKEN_ENV = env_name("runtime_token")
+"""The runtime token's variable (the runtime's ``runtime_token`` setting)."""
+
+
+def runtime_environment(
+    instance_id: str, tenant: TenantSettings, *, redis_url: str, heartbeat_s: float
+) -> dict[str, str]:
+    """The ``AIRUNTIME_*`` variables of a runtime started for ``tenant``."""
+    owned = tenant.isolation_mode is not IsolationMode.SHARED
+    values: dict[str, object] = {
+        "redis_url": redis_url,
+        "instance_id": instance_id,
+        "runtime_prefix": tenant.runtime_prefix,
+        "isolation_mode": tenant.isolation_mode.value,
+        # A Shared runtime belongs to nobody; a dedicated or hybrid one to its tenant.
+        "tenant_id": tenant.tenant_id if owned else "",
+        "tenant_group_id": (tenant.tenant_group_id or "") if owned else "",
+        "prefer_dedicated": tenant.prefer_dedicated,
+        "allow_shared_fallback": tenant.allow_shared_fallback,
+        "workers": tenant.workers_per_instance,
+        "max_concurrent_runs": tenant.max_concurrent_runs,
+        "queue_capacity": tenant.queue_capacity,
+        "max_local_workers_per_execution": min(
+            tenant.max_local_workers_per_execution, tenant.workers_per_instance
+        ),
+        "max_concurrent_step_tasks": tenant.max_concurrent_step_tasks,
+        "heartbeat_s": heartbeat_s,
+    }
+    return {
+        InstanceSettings.env_var(field): (
+            ("true" if value else "false") if isinstance(value, bool) else str(value)
+        )
+        for field, value in values.items()
+    }
+
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +79,7 @@ class LocalScaler:
         ready_timeout_s: float = 60.0,
         heartbeat_s: float = 1.0,
         extra_args: tuple[str, ...] = (),
+        runtime_token: str | None = None,
     ) -> None:
         self.redis = redis
         self.redis_url = redis_url
@@ -43,6 +87,7 @@ class LocalScaler:
         self.ready_timeout_s = ready_timeout_s
         self.heartbeat_s = heartbeat_s
         self.extra_args = extra_args
+        self.runtime_token = runtime_token
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self._lock = asyncio.Lock()
 
@@ -74,43 +119,17 @@ class LocalScaler:
         return await self._wait_ready(instance_id)
 
     async def _spawn(self, instance_id: str, tenant: TenantSettings) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "airuntime.cli",
-            "runtime",
-            "--prefix",
-            tenant.runtime_prefix,
-            "--instance-id",
-            instance_id,
-            "--isolation-mode",
-            tenant.isolation_mode.value,
-            "--workers",
-            str(tenant.workers_per_instance),
-            "--max-concurrent-runs",
-            str(tenant.max_concurrent_runs),
-            "--queue-capacity",
-            str(tenant.queue_capacity),
-            "--max-local-workers-per-execution",
-            str(min(tenant.max_local_workers_per_execution, tenant.workers_per_instance)),
-            "--max-concurrent-step-tasks",
-            str(tenant.max_concurrent_step_tasks),
-            "--heartbeat-s",
-            str(self.heartbeat_s),
-            *self.extra_args,
-        ]
-        if tenant.isolation_mode is not IsolationMode.SHARED:
-            args += ["--tenant", tenant.tenant_id]
-            if tenant.tenant_group_id:
-                args += ["--tenant-group", tenant.tenant_group_id]
-        args += [
-            "--allow-shared-fallback"
-            if tenant.allow_shared_fallback
-            else "--no-allow-shared-fallback"
-        ]
-        env = {**os.environ, "AIRUNTIME_REDIS_URL": self.redis_url, "COLUMNS": "100000"}
-        env.pop("AIRUNTIME_INSTANCE_ID", None)
-        log_dir = Path(os.environ.get("AIRUNTIME_HOME") or Path.home() / ".airuntime") / "logs"
+        args = [sys.executable, "-m", "airuntime.cli", "runtime", *self.extra_args]
+        env = {
+            **os.environ,
+            **runtime_environment(
+                instance_id, tenant, redis_url=self.redis_url, heartbeat_s=self.heartbeat_s
+            ),
+            "COLUMNS": "100000",
+        }
+        if self.runtime_token:
+            env[RUNTIME_TOKEN_ENV] = self.runtime_token
+        log_dir = Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime") / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{instance_id}.log").open("ab") as log_file:
             proc = await asyncio.create_subprocess_exec(

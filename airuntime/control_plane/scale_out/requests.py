@@ -4,12 +4,19 @@ When admission answers RequestScaleOut, the dispatcher persists a
 :class:`ScaleOutRequest` carrying the tenant settings of that moment; a
 :class:`ScaleOutProvider` (local processes, or ScaleOutRequest resources for the
 operator) creates the capacity and the request records the outcome.
+
+A request that failed (the provider refused it, or crashed) is not filed again at
+the next dispatch cycle: it records its ``attempts``, its ``last_error`` and when the
+next attempt may be made (:class:`ScaleOutBackoff`: exponential, capped), and until
+then the prefix's runs wait in the shared queue (:meth:`ScaleOutStore.backing_off`).
+The next request for the prefix carries the attempt count on; a fulfilled one resets it.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -39,6 +46,12 @@ class ScaleOutRequest(BaseModel):
     observed_at_ms: int | None = None
     fulfilled_at_ms: int | None = None
     requeued: bool = False
+    attempts: int = 1
+    """This request is the n-th consecutive attempt to scale the prefix out."""
+    last_error: str | None = None
+    """Why the attempt failed (the provider's refusal, or its crash)."""
+    next_attempt_at_ms: int | None = None
+    """A failed attempt: no new request for the prefix before this time."""
 
 
 class ScaleOutRejected(AirError):
@@ -49,11 +62,25 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class ScaleOutStore:
-    def __init__(self, redis: Redis) -> None:
-        self.redis = redis
+@dataclass(frozen=True, slots=True)
+class ScaleOutBackoff:
+    """Delay after the n-th failed attempt: ``initial_s * 2**(n-1)``, at most ``maximum_s``."""
 
-    async def create(self, tenant: TenantSettings, shared_run_id: str) -> ScaleOutRequest:
+    initial_s: float = 5.0
+    maximum_s: float = 300.0
+
+    def delay_ms(self, attempts: int) -> int:
+        return int(min(self.maximum_s, self.initial_s * 2 ** min(max(attempts, 1) - 1, 30)) * 1000)
+
+
+class ScaleOutStore:
+    def __init__(self, redis: Redis, backoff: ScaleOutBackoff | None = None) -> None:
+        self.redis = redis
+        self.backoff = backoff or ScaleOutBackoff()
+
+    async def create(
+        self, tenant: TenantSettings, shared_run_id: str, *, attempts: int = 1
+    ) -> ScaleOutRequest:
         req = ScaleOutRequest(
             request_id=f"so-{uuid.uuid4().hex[:16]}",
             tenant_id=tenant.tenant_id,
@@ -61,6 +88,7 @@ class ScaleOutStore:
             shared_run_id=shared_run_id,
             tenant_settings=tenant,
             requested_at_ms=now_ms(),
+            attempts=attempts,
         )
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(keys.scale_out_request(req.request_id), req.model_dump_json())
@@ -77,6 +105,50 @@ class ScaleOutStore:
             ):
                 return req
         return None
+
+    async def latest(self, runtime_prefix: str) -> ScaleOutRequest | None:
+        """The most recent request for ``runtime_prefix`` (None: none kept)."""
+        for req in await self.list(limit=200):
+            if req.runtime_prefix == runtime_prefix:
+                return req
+        return None
+
+    @staticmethod
+    def backing_off(latest: ScaleOutRequest | None, now: int | None = None) -> bool:
+        """Whether ``latest`` failed and its next attempt is not due yet."""
+        return (
+            latest is not None
+            and latest.phase is ScaleOutPhase.REJECTED
+            and (latest.next_attempt_at_ms or 0) > (now_ms() if now is None else now)
+        )
+
+    @staticmethod
+    def next_attempts(latest: ScaleOutRequest | None) -> int:
+        """The attempt count of the next request for the prefix."""
+        if latest is None or latest.phase is not ScaleOutPhase.REJECTED:
+            return 1
+        return latest.attempts + 1
+
+    async def failed(self, request_id: str, error: str) -> ScaleOutRequest | None:
+        """Record a failed attempt: Rejected, with the error and the next attempt's time."""
+
+        def apply(req: ScaleOutRequest) -> ScaleOutRequest | None:
+            if req.phase is ScaleOutPhase.FULFILLED:
+                return None
+            now = now_ms()
+            return req.model_copy(
+                update={
+                    "phase": ScaleOutPhase.REJECTED,
+                    "reason": error,
+                    "last_error": error,
+                    "next_attempt_at_ms": now + self.backoff.delay_ms(req.attempts),
+                }
+            )
+
+        updated = await update_record(
+            self.redis, keys.scale_out_request(request_id), ScaleOutRequest, apply
+        )
+        return None if updated is None else updated[1]
 
     async def get(self, request_id: str) -> ScaleOutRequest | None:
         raw = await self.redis.get(keys.scale_out_request(request_id))
@@ -103,6 +175,32 @@ class ScaleOutStore:
         key = keys.scale_out_request(request_id)
         updated = await update_record(self.redis, key, ScaleOutRequest, apply)
         return None if updated is None else updated[1]
+
+    async def requested_before(
+        self, cutoff_ms: int, start: int, count: int
+    ) -> list[ScaleOutRequest]:
+        """A page of the requests filed at or before ``cutoff_ms``, oldest first (records
+        already gone are dropped from the index on the way)."""
+        raw_ids: list[Any] = await self.redis.zrangebyscore(
+            keys.scale_out_requests(), "-inf", cutoff_ms, start=start, num=count
+        )
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in raw_ids]
+        if not ids:
+            return []
+        raws = await self.redis.mget([keys.scale_out_request(i) for i in ids])
+        gone = [i for i, r in zip(ids, raws, strict=True) if not r]
+        if gone:
+            await self.redis.zrem(keys.scale_out_requests(), *gone)
+        return [ScaleOutRequest.model_validate_json(r) for r in raws if r]
+
+    async def delete(self, request_ids: list[str]) -> None:
+        """Remove records and their index entries."""
+        if not request_ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(*[keys.scale_out_request(i) for i in request_ids])
+        pipe.zrem(keys.scale_out_requests(), *request_ids)
+        await pipe.execute()
 
     async def list(self, limit: int = 500) -> list[ScaleOutRequest]:
         ids: list[Any] = await self.redis.zrevrange(keys.scale_out_requests(), 0, limit - 1)

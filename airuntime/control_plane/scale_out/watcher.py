@@ -1,15 +1,24 @@
 """The scale-out loops: hand Pending requests to the provider, requeue fulfilled runs.
 
 A :class:`ScaleOutWatcher` hands Pending requests to a provider. Fulfilment marks the
-request Fulfilled with the new instance id; the :class:`FulfilledRunRequeuer` then puts
-the shared run back into the shared queue and the pump dispatches it: the watcher never
-dispatches.
+request Fulfilled with the new instance id; a refusal or a crash marks it Rejected
+with the error and the time of the next attempt (the prefix backs off, see
+:mod:`~airuntime.control_plane.scale_out.requests`). A request left Observed by a
+control plane that died while its provider worked is failed as abandoned after
+``abandon_after_s``, so its prefix is not blocked forever. The :class:`FulfilledRunRequeuer`
+then puts the shared run back into the shared queue -- a compare-and-set from
+ScaleOutRequested, so a cancel that landed meanwhile stands -- and the pump dispatches
+it: the watcher never dispatches.
+
+Both run as supervised loops (:class:`~airuntime.core.supervision.Supervisor`): each
+pass that completed reports ``ok``; a pass that raised restarts the loop with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from airuntime.control_plane.scale_out.requests import (
     ScaleOutPhase,
@@ -21,31 +30,49 @@ from airuntime.control_plane.scale_out.requests import (
 )
 from airuntime.control_plane.shared_queue import SharedQueue
 from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore
+from airuntime.core.supervision import LoopContext
+from airuntime.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+FailureHook = Callable[[ScaleOutRequest, str], None]
+"""Called with the failed request and the error (metrics)."""
 
 
 class ScaleOutWatcher:
     """Hands Pending requests to the provider and records the outcome."""
 
     def __init__(
-        self, store: ScaleOutStore, provider: ScaleOutProvider, poll_s: float = 0.1
+        self,
+        store: ScaleOutStore,
+        provider: ScaleOutProvider,
+        poll_s: float = 0.1,
+        on_failure: FailureHook | None = None,
+        abandon_after_s: float = 900.0,
     ) -> None:
         self.store = store
         self.provider = provider
         self.poll_s = poll_s
+        self.on_failure = on_failure
+        self.abandon_after_ms = int(abandon_after_s * 1000)
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def run(self) -> None:
+    async def run(self, ctx: LoopContext) -> None:
         while True:
             await self.observe_once()
+            ctx.ok()
             await asyncio.sleep(self.poll_s)
 
     async def observe_once(self) -> int:
         started = 0
         for req in await self.store.list():
-            if req.phase is not ScaleOutPhase.PENDING or req.request_id in self._inflight:
+            if req.request_id in self._inflight:
+                continue
+            if req.phase is ScaleOutPhase.OBSERVED and self._abandoned(req):
+                await self._failed(req, "abandoned: the control plane working on it stopped")
+                continue
+            if req.phase is not ScaleOutPhase.PENDING:
                 continue
             observed = await self.store.transition(
                 req.request_id,
@@ -57,24 +84,24 @@ class ScaleOutWatcher:
             if observed is None:
                 continue  # another watcher took it
             self._inflight.add(req.request_id)
-            task = asyncio.create_task(self._fulfil(observed))
+            task = asyncio.create_task(self._fulfil(observed), name=f"scale-out:{req.request_id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             started += 1
         return started
 
+    def _abandoned(self, req: ScaleOutRequest) -> bool:
+        observed = req.observed_at_ms or req.requested_at_ms
+        return now_ms() - observed > self.abandon_after_ms
+
     async def _fulfil(self, req: ScaleOutRequest) -> None:
         try:
             instance_id = await self.provider.fulfil(req)
         except ScaleOutRejected as exc:
-            await self.store.transition(
-                req.request_id, None, phase=ScaleOutPhase.REJECTED, reason=str(exc)
-            )
+            await self._failed(req, str(exc))
         except Exception as exc:
             log.exception("scale-out %s failed", req.request_id)
-            await self.store.transition(
-                req.request_id, None, phase=ScaleOutPhase.REJECTED, reason=repr(exc)
-            )
+            await self._failed(req, f"{type(exc).__name__}: {exc}")
         else:
             await self.store.transition(
                 req.request_id,
@@ -86,9 +113,26 @@ class ScaleOutWatcher:
         finally:
             self._inflight.discard(req.request_id)
 
+    async def _failed(self, req: ScaleOutRequest, error: str) -> None:
+        failed = await self.store.failed(req.request_id, error)
+        log.warning(
+            "scale-out %s of %s failed (attempt %d): %s; next attempt not before %s",
+            req.request_id,
+            req.runtime_prefix,
+            req.attempts,
+            error,
+            failed.next_attempt_at_ms if failed else "-",
+        )
+        if self.on_failure is not None:
+            self.on_failure(req, error)
+
     async def wait_idle(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Cancel the fulfilments in flight (their requests stay Observed)."""
+        await cancel_and_wait(list(self._tasks))
 
 
 class FulfilledRunRequeuer:
@@ -102,9 +146,10 @@ class FulfilledRunRequeuer:
         self.queue = queue
         self.poll_s = poll_s
 
-    async def run(self) -> None:
+    async def run(self, ctx: LoopContext) -> None:
         while True:
             await self.requeue_once()
+            ctx.ok()
             await asyncio.sleep(self.poll_s)
 
     async def requeue_once(self) -> int:
@@ -120,12 +165,18 @@ class FulfilledRunRequeuer:
             )
             if marked is None:
                 continue  # another requeuer took it
-            run = await self.runs.get(req.shared_run_id)
-            if run is None or run.status is not SharedRunStatus.SCALE_OUT_REQUESTED:
-                continue
             # Rejected scale-out still requeues: existing capacity (or shared fallback)
             # may take the run later; admission decides again at dispatch time.
-            await self.runs.update(req.shared_run_id, status=SharedRunStatus.QUEUED_GLOBALLY)
-            await self.queue.enqueue(req.shared_run_id, run.snapshot.tenant_id, requeue=True)
+            try:
+                moved = await self.runs.transition(
+                    req.shared_run_id,
+                    SharedRunStatus.QUEUED_GLOBALLY,
+                    expect=frozenset({SharedRunStatus.SCALE_OUT_REQUESTED}),
+                )
+            except KeyError:
+                continue  # the run is gone (retention)
+            if not moved.moved:
+                continue  # cancelled meanwhile (or never parked for this request)
+            await self.queue.enqueue(req.shared_run_id, moved.run.snapshot.tenant_id, requeue=True)
             n += 1
         return n

@@ -1,0 +1,190 @@
+"""How a shared run ends: the runtime's run outcomes, read and applied exactly once.
+
+Why this module exists: a shared run is the control plane's record, the run that
+executes it is a runtime's. When the runtime run reaches a terminal status the
+runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to ``air:run-outcomes``
+atomically with the run's terminal record; :class:`OutcomeReader` (a supervised loop)
+reads that stream with a consumer group, ends the shared run (:func:`end_shared_run`:
+Succeeded / Failed / Cancelled, a compare-and-set, idempotent) and only then
+acknowledges the entry. After a restart it first re-reads the entries it had read but
+not acknowledged, and it takes over entries another control plane left unacknowledged
+for a while (XAUTOCLAIM), so a crash between reading and acknowledging loses nothing.
+An outcome that was never written or never seen is the reconciler's
+(:mod:`~airuntime.control_plane.reconciler`) to find.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore, Transition
+from airuntime.core import keys
+from airuntime.core.supervision import LoopContext
+from airuntime.fleet.outcomes import RunOutcome
+from airuntime.fleet.runs import RunRecord, RunStatus
+
+__all__ = ["OUTCOME_GROUP", "OutcomeReader", "end_shared_run", "outcome_of"]
+
+log = logging.getLogger(__name__)
+
+OUTCOME_GROUP: Final = "airuntime-control-plane"
+"""The consumer group every control plane reads ``air:run-outcomes`` in (each outcome
+is handled by one of them)."""
+
+SHARED_STATUS: Final = {
+    RunStatus.COMPLETED: SharedRunStatus.SUCCEEDED,
+    RunStatus.FAILED: SharedRunStatus.FAILED,
+    RunStatus.CANCELLED: SharedRunStatus.CANCELLED,
+}
+"""The shared run's terminal status for each terminal status of its runtime run."""
+
+
+def outcome_of(record: RunRecord) -> RunOutcome | None:
+    """The outcome a terminal run record stands for (None while the run goes on)."""
+    if not record.status.terminal:
+        return None
+    return RunOutcome(
+        run_id=record.run_id,
+        shared_run_id=record.shared_run_id,
+        tenant_id=record.tenant_id,
+        instance_id=record.instance_id,
+        status=record.status,
+        execution_id=record.execution_id,
+        reason=record.failure_reason,
+        finished_at_ms=record.finished_at_ms or record.created_at_ms,
+    )
+
+
+async def end_shared_run(runs: SharedRunStore, outcome: RunOutcome) -> Transition | None:
+    """End the outcome's shared run; None when there is nothing to end (no such run, or
+    the outcome is not the run's: another tenant, another RunId, a non-terminal status).
+
+    Idempotent: a shared run that already ended stays as it ended (``moved`` False).
+    """
+    status = SHARED_STATUS.get(outcome.status)
+    run = await runs.get(outcome.shared_run_id)
+    if status is None or run is None:
+        return None
+    if run.snapshot.tenant_id != outcome.tenant_id or run.run_id not in (None, outcome.run_id):
+        log.warning(
+            "ignoring outcome of run %s (tenant %s) for shared run %s (tenant %s, run %s)",
+            outcome.run_id,
+            outcome.tenant_id,
+            run.shared_run_id,
+            run.snapshot.tenant_id,
+            run.run_id,
+        )
+        return None
+    changes: dict[str, Any] = {"run_id": outcome.run_id, "reason": outcome.reason}
+    if outcome.execution_id:
+        changes["execution_id"] = outcome.execution_id
+    if run.assigned_instance_id is None:
+        changes["assigned_instance_id"] = outcome.instance_id
+    try:
+        return await runs.transition(outcome.shared_run_id, status, **changes)
+    except KeyError:
+        return None
+
+
+class OutcomeReader:
+    """Reads the run-outcome stream in the control planes' consumer group."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        runs: SharedRunStore,
+        consumer: str,
+        *,
+        block_ms: int = 1_000,
+        batch: int = 100,
+        claim_idle_ms: int = 60_000,
+    ) -> None:
+        """``redis`` must have a socket timeout longer than ``block_ms``."""
+        self.redis = redis
+        self.runs = runs
+        self.consumer = consumer
+        self.block_ms = block_ms
+        self.batch = batch
+        self.claim_idle_ms = claim_idle_ms
+        self.handled = 0
+
+    async def run(self, ctx: LoopContext) -> None:
+        await self.ensure_group()
+        await self.read_pending()
+        ctx.ok()
+        while True:
+            await self.take_over_abandoned()
+            await self.read_new()
+            ctx.ok()
+
+    async def ensure_group(self) -> None:
+        """Create the group (from the stream's start) unless it exists; after a Redis
+        that lost its data the group is gone, and this is how a restart recreates it."""
+        try:
+            await self.redis.xgroup_create(
+                keys.run_outcomes(), OUTCOME_GROUP, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read_pending(self) -> int:
+        """Handle the entries this consumer read earlier and did not acknowledge."""
+        total = 0
+        while True:
+            reply = await self.redis.xreadgroup(
+                OUTCOME_GROUP, self.consumer, {keys.run_outcomes(): "0"}, count=self.batch
+            )
+            entries = _entries(reply)
+            if not entries:
+                return total
+            total += await self._handle(entries)
+
+    async def read_new(self) -> int:
+        reply = await self.redis.xreadgroup(
+            OUTCOME_GROUP,
+            self.consumer,
+            {keys.run_outcomes(): ">"},
+            count=self.batch,
+            block=self.block_ms,
+        )
+        return await self._handle(_entries(reply))
+
+    async def take_over_abandoned(self) -> int:
+        """Claim entries another consumer read but left unacknowledged for too long."""
+        reply: Any = await self.redis.xautoclaim(
+            keys.run_outcomes(),
+            OUTCOME_GROUP,
+            self.consumer,
+            min_idle_time=self.claim_idle_ms,
+            start_id="0-0",
+            count=self.batch,
+        )
+        entries = [(i, f) for i, f in reply[1]] if reply else []
+        return await self._handle(entries)
+
+    async def _handle(self, entries: list[tuple[Any, Any]]) -> int:
+        for entry_id, fields in entries:
+            if fields:  # an entry trimmed away while pending has no fields: just ack it
+                await self._apply(entry_id, fields)
+            await self.redis.xack(keys.run_outcomes(), OUTCOME_GROUP, entry_id)
+            self.handled += 1
+        return len(entries)
+
+    async def _apply(self, entry_id: Any, fields: Any) -> None:
+        try:
+            await end_shared_run(self.runs, RunOutcome.from_fields(fields))
+        except ValueError as exc:  # a malformed outcome or record: never retried forever
+            log.warning("dropping run outcome %s: %s", entry_id, exc)
+
+
+def _entries(reply: Any) -> list[tuple[Any, Any]]:
+    """The (id, fields) pairs of an XREADGROUP reply (RESP2 list or RESP3 dict)."""
+    if not reply:
+        return []
+    streams = reply.items() if isinstance(reply, dict) else reply
+    return [(i, f) for _, messages in streams for i, f in messages]

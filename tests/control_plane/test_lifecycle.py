@@ -1,0 +1,287 @@
+"""Shared runs end: Succeeded / Failed / Cancelled, and no cancel is ever written over.
+
+* The outcome reader ends a run from the runtime's outcome (a ``RunOutcome`` entry on
+  ``air:run-outcomes``, written here exactly as a runtime writes it), acknowledges the
+  entry only after that, and re-reads what it read but did not acknowledge after a
+  restart. Outcomes of another tenant or another RunId change nothing.
+* The reconciler ends a dispatched run whose runtime run is terminal when no outcome
+  was seen (a runtime of this branch writes none), fails one whose run record is gone,
+  and records a dispatch the pump did not.
+* Real runs through a started control plane end Succeeded / Failed with no one
+  draining or reconciling by hand; a cancelled dispatched run ends Cancelled.
+* The two races: a cancel landing between submit's create and its queueing, or
+  between the requeuer's read and its write, stands (latches pin the moment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from airuntime.control_plane.outcomes import OUTCOME_GROUP, OutcomeReader
+from airuntime.control_plane.scale_out import FulfilledRunRequeuer, ScaleOutPhase
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
+from airuntime.core import keys
+from airuntime.core.supervision import LoopContext, LoopHealth
+from airuntime.core.tasks import cancel_and_wait
+from airuntime.fleet.outcomes import RunOutcome
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.runs import RunStatus
+from runtime_pod.host import RuntimeHost
+from tests.control_plane.support import (
+    LOCAL_RUNTIME,
+    TENANT_A,
+    TINY_PIPELINE,
+    drain_until_finished,
+    manual_cp,
+    serving,
+    snap,
+    wait_for,
+)
+
+FAILING = {"id": "failing", "steps": [{"id": "a", "uses": "fail", "with": {"times": 99}}]}
+
+
+async def _dispatched(cp: ControlPlane, tenant: str = "default") -> SharedRun:
+    """A shared run recorded as Dispatched to a (pretend) runtime run."""
+    run = await cp.submit(TINY_PIPELINE, snap(tenant))
+    moved = await cp.runs.transition(
+        run.shared_run_id,
+        SharedRunStatus.DISPATCHED,
+        run_id=f"run-{run.shared_run_id[3:]}",
+        assigned_instance_id="runtime-instance-1",
+    )
+    assert moved.moved
+    return moved.run
+
+
+def _outcome(run: SharedRun, status: RunStatus, **extra: Any) -> RunOutcome:
+    fields: dict[str, Any] = {
+        "run_id": run.run_id,
+        "shared_run_id": run.shared_run_id,
+        "tenant_id": run.snapshot.tenant_id,
+        "instance_id": "runtime-instance-1",
+        "status": status,
+        "execution_id": "ex-1",
+        "reason": "step a failed" if status is RunStatus.FAILED else None,
+        "finished_at_ms": int(time.time() * 1000),
+        **extra,
+    }
+    return RunOutcome(**fields)
+
+
+async def _write(redis: Redis, outcome: RunOutcome) -> None:
+    await redis.xadd(keys.run_outcomes(), outcome.fields())  # type: ignore[arg-type]
+
+
+def _ctx() -> LoopContext:
+    return LoopContext(LoopHealth("outcomes"))
+
+
+@pytest.mark.parametrize(
+    ("runtime_status", "shared_status"),
+    [
+        (RunStatus.COMPLETED, SharedRunStatus.SUCCEEDED),
+        (RunStatus.FAILED, SharedRunStatus.FAILED),
+        (RunStatus.CANCELLED, SharedRunStatus.CANCELLED),
+    ],
+)
+async def test_an_outcome_ends_the_shared_run_once_and_is_acknowledged(
+    redis: Redis, cp: ControlPlane, runtime_status: RunStatus, shared_status: SharedRunStatus
+) -> None:
+    run = await _dispatched(cp)
+    reader = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)
+    await reader.ensure_group()
+    await _write(redis, _outcome(run, runtime_status))
+    await _write(redis, _outcome(run, runtime_status))  # a duplicate changes nothing
+
+    assert await reader.read_new() == 2
+    ended = await cp.runs.require(run.shared_run_id)
+    assert ended.status is shared_status and ended.execution_id == "ex-1"
+    assert ended.finished_at_ms is not None
+    assert ended.reason == ("step a failed" if runtime_status is RunStatus.FAILED else None)
+    pending = await redis.xpending(keys.run_outcomes(), OUTCOME_GROUP)
+    assert pending["pending"] == 0, "acknowledged only after the run was ended"
+    assert await redis.zscore(keys.shared_runs_open(), run.shared_run_id) is None
+    assert await redis.zscore(keys.shared_runs_finished(), run.shared_run_id) is not None
+
+
+async def test_outcomes_of_another_tenant_or_run_change_nothing(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    run = await _dispatched(cp)
+    reader = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)
+    await reader.ensure_group()
+    await _write(redis, _outcome(run, RunStatus.COMPLETED, tenant_id="tenant-b"))
+    await _write(redis, _outcome(run, RunStatus.COMPLETED, run_id="run-someone-else"))
+
+    assert await reader.read_new() == 2
+    assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.DISPATCHED
+
+
+async def test_a_restarted_reader_handles_what_it_read_but_did_not_acknowledge(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    first, second = await _dispatched(cp), await _dispatched(cp)
+    reader = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)
+    await reader.ensure_group()
+    await _write(redis, _outcome(first, RunStatus.COMPLETED))
+    # The reader died after reading, before ending the run and acknowledging:
+    await redis.xreadgroup(OUTCOME_GROUP, "cp-test", {keys.run_outcomes(): ">"}, count=10)
+    assert (await cp.runs.require(first.shared_run_id)).status is SharedRunStatus.DISPATCHED
+    await _write(redis, _outcome(second, RunStatus.FAILED))
+
+    restarted = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)
+    task = asyncio.create_task(restarted.run(_ctx()))
+    try:
+
+        async def both_ended_and_acknowledged() -> bool:
+            a, b = await cp.runs.get_many([first.shared_run_id, second.shared_run_id])
+            pending = await redis.xpending(keys.run_outcomes(), OUTCOME_GROUP)
+            return a.status.terminal and b.status.terminal and pending["pending"] == 0
+
+        await wait_for(both_ended_and_acknowledged, what="both runs ended, entries acked")
+    finally:
+        await cancel_and_wait([task])  # a cancel landing inside redis-py may need repeating
+    assert (await cp.runs.require(first.shared_run_id)).status is SharedRunStatus.SUCCEEDED
+    assert (await cp.runs.require(second.shared_run_id)).status is SharedRunStatus.FAILED
+
+
+async def test_an_outcome_left_unacknowledged_by_a_dead_control_plane_is_taken_over(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    run = await _dispatched(cp)
+    dead = OutcomeReader(redis, cp.runs, "cp-dead", block_ms=10)
+    await dead.ensure_group()
+    await _write(redis, _outcome(run, RunStatus.COMPLETED))
+    await redis.xreadgroup(OUTCOME_GROUP, "cp-dead", {keys.run_outcomes(): ">"}, count=10)
+
+    alive = OutcomeReader(redis, cp.runs, "cp-alive", block_ms=10, claim_idle_ms=0)
+    assert await alive.take_over_abandoned() == 1
+    assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.SUCCEEDED
+
+
+async def test_real_runs_end_succeeded_or_failed_with_nobody_draining(redis: Redis) -> None:
+    cp = ControlPlane(
+        redis,
+        manual_cp(redis).settings.model_copy(
+            update={"background_pump": True, "reconcile_interval_s": 0.2}
+        ),
+    )
+    async with serving(cp, RuntimeHost(redis, LOCAL_RUNTIME, instances=1)):
+        good = await cp.submit(TINY_PIPELINE, snap())
+        bad = await cp.submit(FAILING, snap())
+
+        async def ended() -> list[SharedRun] | None:
+            runs = await cp.runs.get_many([good.shared_run_id, bad.shared_run_id])
+            return runs if all(r.status.terminal for r in runs) else None
+
+        done = await wait_for(ended, what="both shared runs to end")
+    assert [r.status for r in done] == [SharedRunStatus.SUCCEEDED, SharedRunStatus.FAILED]
+    assert all(r.run_id and r.execution_id and r.finished_at_ms for r in done)
+    assert await redis.zcard(keys.shared_runs_open()) == 0
+
+
+async def test_reconciler_ends_fails_and_records_what_the_event_path_missed(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    async with serving(cp, RuntimeHost(redis, LOCAL_RUNTIME, instances=1)):
+        finished = await cp.submit(TINY_PIPELINE, snap())
+        await drain_until_finished(cp, {finished.shared_run_id: "default"})
+        lost = await _dispatched(cp)  # its run record never existed
+        assert (await cp.runs.require(finished.shared_run_id)).status is (
+            SharedRunStatus.DISPATCHED
+        )
+        cp.reconciler.stale_after_ms = 0
+        assert await cp.reconciler.reconcile_once() == 2
+    assert (await cp.runs.require(finished.shared_run_id)).status is SharedRunStatus.SUCCEEDED
+    gone = await cp.runs.require(lost.shared_run_id)
+    assert gone.status is SharedRunStatus.FAILED and "no longer exists" in (gone.reason or "")
+    assert await cp.reconciler.reconcile_once() == 0, "nothing left to do"
+
+
+async def test_cancelling_a_dispatched_run_ends_it_cancelled(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    slow = {"id": "slow", "steps": [{"id": "a", "uses": "sleep", "with": {"seconds": 2}}]}
+    async with serving(cp, RuntimeHost(redis, LOCAL_RUNTIME, instances=1)):
+        run = await cp.submit(slow, snap())
+        assert (await cp.drain(1)).dispatched == 1
+
+        async def executing() -> bool:
+            body = await cp.get(run.shared_run_id, "default")
+            return body is not None and body.execution_id is not None
+
+        await wait_for(executing, what="the execution to start")
+        answer = await cp.cancel(run.shared_run_id, "default")
+        assert answer is not None and answer.reason == "cancel requested"
+        cp.reconciler.stale_after_ms = 0
+
+        async def cancelled() -> bool:
+            await cp.reconciler.reconcile_once()
+            return (await cp.runs.require(run.shared_run_id)).status.terminal
+
+        await wait_for(cancelled, what="the shared run to end")
+    assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
+
+
+async def test_a_cancel_between_submits_create_and_its_queueing_stands(
+    redis: Redis, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_create = cp.runs.create
+    answers: list[SharedRun | None] = []
+
+    async def create_then_cancel(run: SharedRun) -> None:
+        await real_create(run)
+        answers.append(await cp.cancel(run.shared_run_id, "default"))
+
+    monkeypatch.setattr(cp.runs, "create", create_then_cancel)
+    run = await cp.submit(TINY_PIPELINE, snap())
+
+    assert answers[0] is not None and answers[0].status is SharedRunStatus.CANCELLED
+    assert run.status is SharedRunStatus.CANCELLED
+    assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
+    assert await cp.queue.pending_count() == 0 and await cp.queue.item(run.shared_run_id) == {}
+
+
+async def test_a_cancel_between_the_requeuers_read_and_write_stands(
+    redis: Redis, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await Registry(redis).put_tenant(TENANT_A)  # no runtime: admission asks for scale-out
+    run = await cp.submit(TINY_PIPELINE, snap("tenant-a"))
+    await cp.drain(1)
+    assert (await cp.runs.require(run.shared_run_id)).status is (
+        SharedRunStatus.SCALE_OUT_REQUESTED
+    )
+    [request] = await cp.scale_outs.list()
+    await cp.scale_outs.transition(
+        request.request_id, None, phase=ScaleOutPhase.FULFILLED, fulfilled_instance_id="x-1"
+    )
+    requeuer = FulfilledRunRequeuer(cp.scale_outs, cp.runs, cp.queue)
+    real_transition = cp.scale_outs.transition
+
+    async def marked_then_cancelled(*args: Any, **kwargs: Any) -> Any:
+        marked = await real_transition(*args, **kwargs)
+        await cp.cancel(run.shared_run_id, "tenant-a")  # lands after the read
+        return marked
+
+    monkeypatch.setattr(cp.scale_outs, "transition", marked_then_cancelled)
+    assert await requeuer.requeue_once() == 0
+    assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
+    assert await cp.queue.pending_count() == 0
+
+
+async def test_the_store_refuses_a_move_the_table_does_not_allow(redis: Redis) -> None:
+    store = SharedRunStore(redis)
+    cp = manual_cp(redis)
+    run = await cp.submit(TINY_PIPELINE, snap())
+    await store.transition(run.shared_run_id, SharedRunStatus.CANCELLED)
+    refused = await store.transition(run.shared_run_id, SharedRunStatus.DISPATCHED)
+    assert not refused.moved and refused.run.status is SharedRunStatus.CANCELLED
+    with pytest.raises(KeyError):
+        await store.transition("sr-" + "0" * 32, SharedRunStatus.CANCELLED)

@@ -1,0 +1,109 @@
+"""ScaleOutRequests do not outlive their RuntimePool (found by the image work: they
+survived ``helm uninstall``). The operator makes the pool a request's owner when it
+first observes the request, so deleting the pool lets the garbage collector
+(kube-controller-manager, real here) delete its requests -- fulfilled, rejected for
+maxInstances, or still waiting alike. A request for no pool has no owner. And a pool's
+``allowedHandlers`` reach the tenant settings it publishes, also when changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import DEFAULT_ALLOWED_HANDLERS
+from tests.operator.k8s import Cluster, eventually, pool_spec, request_spec, unique
+from tests.operator.runtimes import RuntimeLauncher, RuntimeSpec
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+async def _phase(cluster: Cluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    return await eventually(
+        lambda: cluster.request_in_phase(namespace, name, phase), what=f"{name} {phase}"
+    )
+
+
+async def test_requests_are_owned_by_their_pool_and_deleted_with_it(
+    cluster: Cluster, namespace: str, runtimes: RuntimeLauncher
+) -> None:
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix, replicas=1, maxInstances=2))
+    pool = await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="pool")
+    owner = {
+        "apiVersion": "airuntime.io/v1alpha1",
+        "kind": "RuntimePool",
+        "name": "pool",
+        "uid": pool["metadata"]["uid"],
+    }
+
+    cluster.create_request(namespace, "grows", request_spec(tenant, prefix))
+    await _phase(cluster, namespace, "grows", "Observed")
+    await runtimes.start(RuntimeSpec(f"{prefix}-new", tenant, prefix))
+    await _phase(cluster, namespace, "grows", "Fulfilled")
+    cluster.create_request(namespace, "too-many", request_spec(tenant, prefix, requested=5))
+    await _phase(cluster, namespace, "too-many", "Rejected")
+    cluster.create_request(namespace, "orphan", request_spec("nobody", unique("rt")))
+    await _phase(cluster, namespace, "orphan", "Rejected")
+
+    for name in ("grows", "too-many"):
+        found = cluster.request(namespace, name) or {}
+        assert found["metadata"]["ownerReferences"] == [owner], name
+    assert "ownerReferences" not in (cluster.request(namespace, "orphan") or {})["metadata"]
+
+    cluster.delete_pool(namespace, "pool")
+    await eventually(
+        lambda: (
+            cluster.pool(namespace, "pool") is None
+            and cluster.request(namespace, "grows") is None
+            and cluster.request(namespace, "too-many") is None
+        ),
+        what="the pool and, by garbage collection, its requests gone",
+    )
+    assert cluster.request(namespace, "orphan") is not None  # nobody owns it
+
+
+async def test_allowed_handlers_are_published_with_the_tenant_settings(
+    cluster: Cluster, namespace: str, valkey: Redis
+) -> None:
+    registry = Registry(valkey)
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(
+        namespace, "pool", pool_spec(tenant, prefix, allowedHandlers=["echo", "python"])
+    )
+
+    async def published() -> tuple[str, ...] | None:
+        if tenant not in await registry.tenant_ids():
+            return None
+        return (await registry.tenant(tenant)).allowed_handlers
+
+    assert await eventually_async(published, what="settings published") == ("echo", "python")
+    cluster.patch_pool(namespace, "pool", {"spec": {"allowedHandlers": ["noop"]}})
+
+    async def changed() -> bool:
+        return await published() == ("noop",)
+
+    await eventually_async(changed, what="the changed allowlist published")
+    cluster.patch_pool(namespace, "pool", {"spec": {"allowedHandlers": None}})
+
+    async def defaulted() -> bool:
+        return await published() == DEFAULT_ALLOWED_HANDLERS
+
+    await eventually_async(defaulted, what="the default allowlist back")
+
+
+async def eventually_async(probe: Any, *, what: str, within: float = 60.0) -> Any:
+    """Poll an async probe with a deadline (the operator is another task)."""
+    deadline = time.monotonic() + within
+    while True:
+        found = await probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
+        await asyncio.sleep(0.1)
