@@ -12,6 +12,7 @@ completes.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -19,7 +20,6 @@ from airuntime.control_plane.dispatch import DispatchResult
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
-from airuntime.fleet.providers import HttpProvider
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -27,10 +27,12 @@ from tests.control_plane.support import (
     TINY_PIPELINE,
     descriptor,
     publish,
+    run_body,
     running_cp,
     running_host,
     snap,
     wait_finished,
+    wait_for,
 )
 
 
@@ -65,10 +67,11 @@ async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_ht
     observed: list[DispatchResult] = []
     cp = ControlPlane(
         redis,
-        ControlPlaneSettings(background_pump=True, scale_out_enabled=True),
+        ControlPlaneSettings(
+            background_pump=True, scale_out_enabled=True, runtime_token=RUNTIME_TOKEN
+        ),
         observer=observed.append,
     )
-    cp._providers["http"] = HttpProvider(token=RUNTIME_TOKEN)  # the runtimes' token
     gate_registry = PollCountingRegistry(redis)
     cp.background.registry = gate_registry
     config = InstanceConfig(provider="http", runtime_prefix="runtime-http", heartbeat_s=0.5)
@@ -93,11 +96,22 @@ async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_ht
         # 3. A pooled HTTP host registers its children: the gate passes, the pump dispatches.
         async with running_host(host):
             await asyncio.wait_for(cp.background.ready.wait(), 10)
-            body = await wait_finished(cp, run.shared_run_id, "default")
+            await wait_finished(cp, run.shared_run_id, "default")
+            # The shared run ends when the control plane reads the runtime's outcome.
+            body = await wait_for(
+                lambda: _when_succeeded(cp, run.shared_run_id),
+                timeout_s=30,
+                what="the shared run to end Succeeded",
+            )
 
     children = {i.instance_id for i in host.instances}
     assert children == {"runtime-http-1", "runtime-http-2"}
-    assert body["status"] == "Dispatched"
+    assert body["status"] == "Succeeded"
     assert body["assigned_instance_id"] in children
     assert body["run"]["status"] == "completed" and body["execution_id"]
     assert [(r.success, r.instance_id) for r in observed] == [(True, body["assigned_instance_id"])]
+
+
+async def _when_succeeded(cp: ControlPlane, shared_run_id: str) -> dict[str, Any] | None:
+    body = await run_body(cp, shared_run_id, "default")
+    return body if body is not None and body["status"] == "Succeeded" else None

@@ -18,7 +18,6 @@ from redis.asyncio import Redis
 from airuntime.control_plane.admission import Reservation
 from airuntime.control_plane.service import ControlPlane
 from airuntime.core import keys
-from airuntime.fleet.providers import HttpProvider
 from airuntime.fleet.registry import InstanceDescriptor
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -70,8 +69,7 @@ async def test_pooled_http_runtimes_take_fifty_hundred_step_runs_once_each_with_
     # The default tenant's runtime prefix is runtime-instance, not runtime-http: with
     # scale-out enabled (and no scale-out provider here) admission would park runs in
     # ScaleOutRequested once the pool is full instead of leaving them queued.
-    cp = manual_cp(valkey, scale_out_enabled=False)
-    cp._providers["http"] = HttpProvider(token=RUNTIME_TOKEN)  # the runtimes' token
+    cp = manual_cp(valkey, scale_out_enabled=False, runtime_token=RUNTIME_TOKEN)
 
     reservations = _record_reservations(cp, valkey)
     accepted: Counter[str] = Counter()
