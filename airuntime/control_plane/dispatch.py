@@ -167,8 +167,12 @@ class SharedRunDispatcher:
         run = await self.runs.get(item.shared_run_id)
         if run is None or run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             # Cancelled (or ended, or gone) while its item waited: it leaves the queue.
+            # A run that already ran (a pump died after delivering it and the runtime's
+            # outcome ended it) leaves as Dispatched: it was, once, and never again.
             what = "missing" if run is None else run.status.value
-            await self.queue.settle(item, QueueItemStatus.CANCELLED, f"shared run {what}")
+            ran = run is not None and run.run_id is not None and run.status.terminal
+            status = QueueItemStatus.DISPATCHED if ran else QueueItemStatus.CANCELLED
+            await self.queue.settle(item, status, f"shared run {what}")
             return DispatchResult(False, shared_run_id=item.shared_run_id, reason=what)
         with use_context(run.snapshot):
             result = await self._dispatch(item, run, target)

@@ -103,6 +103,19 @@ async def drain_until_finished(
     return bodies
 
 
+async def wait_ended(
+    cp: ControlPlane, shared_run_id: str, tenant_id: str, status: str = "Succeeded"
+) -> dict[str, Any]:
+    """Wait for the shared run to end with ``status`` (the control plane reads the
+    runtime's outcome after the run finished) and return its body."""
+
+    async def probe() -> dict[str, Any] | None:
+        body = await run_body(cp, shared_run_id, tenant_id)
+        return body if body is not None and body["status"] == status else None
+
+    return await wait_for(probe, timeout_s=30, what=f"{shared_run_id} to end {status}")
+
+
 async def wait_finished(
     cp: ControlPlane, shared_run_id: str, tenant_id: str, *, timeout_s: float = 60.0
 ) -> dict[str, Any]:

@@ -190,6 +190,8 @@ async def test_real_runs_end_succeeded_or_failed_with_nobody_draining(redis: Red
 async def test_reconciler_ends_fails_and_records_what_the_event_path_missed(
     redis: Redis, cp: ControlPlane
 ) -> None:
+    # The event path misses: the control plane reads no outcomes.
+    cp.outcomes.run = _reads_nothing  # type: ignore[method-assign]
     async with serving(cp, RuntimeHost(redis, LOCAL_RUNTIME, instances=1)):
         finished = await cp.submit(TINY_PIPELINE, snap())
         await drain_until_finished(cp, {finished.shared_run_id: "default"})
@@ -285,3 +287,9 @@ async def test_the_store_refuses_a_move_the_table_does_not_allow(redis: Redis) -
     assert not refused.moved and refused.run.status is SharedRunStatus.CANCELLED
     with pytest.raises(KeyError):
         await store.transition("sr-" + "0" * 32, SharedRunStatus.CANCELLED)
+
+
+async def _reads_nothing(ctx: LoopContext) -> None:
+    """An outcome reader that reports healthy and never reads (until cancelled)."""
+    ctx.ok()
+    await asyncio.Event().wait()

@@ -40,6 +40,7 @@ from tests.control_plane.support import (
     running_host,
     serving,
     snap,
+    wait_ended,
     wait_finished,
     wait_for,
 )
@@ -105,7 +106,8 @@ async def test_direct_dispatch_without_capacity_scales_out_requeues_and_complete
         assert request.tenant_settings == expected_settings
         assert request.runtime_prefix == expected_settings.runtime_prefix
 
-        body = await wait_finished(cp, run.shared_run_id, tenant, timeout_s=90)
+        await wait_finished(cp, run.shared_run_id, tenant, timeout_s=90)
+        body = await wait_ended(cp, run.shared_run_id, tenant)
 
         request = await cp.scale_outs.get(run.scale_out_request_id)
         assert request is not None
@@ -129,7 +131,7 @@ async def _assert_requeued_and_completed_on(
     cp: ControlPlane, body: dict[str, Any], instance_id: str, snapshot: ExecutionContextSnapshot
 ) -> None:
     tenant = snapshot.tenant_id
-    assert body["status"] == "Dispatched"
+    assert body["status"] == "Succeeded"
     assert body["assigned_instance_id"] == instance_id
     assert body["queue_item"]["status"] == "Dispatched"
     assert body["queue_item"]["enqueues"] == "2"  # submitted, then requeued after fulfilment

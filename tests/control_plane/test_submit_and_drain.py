@@ -37,6 +37,7 @@ from tests.control_plane.support import (
     running_host,
     serving,
     snap,
+    wait_ended,
     wait_finished,
     wait_for,
 )
@@ -76,12 +77,13 @@ async def test_manual_drain_with_local_provider_dispatches_and_runs_to_completio
         runs = [await cp.submit(TINY_PIPELINE, snapshot) for _ in range(4)]
         assert all(r.status is SharedRunStatus.QUEUED_GLOBALLY for r in runs)
 
-        bodies = await drain_until_finished(cp, {r.shared_run_id: "default" for r in runs})
+        await drain_until_finished(cp, {r.shared_run_id: "default" for r in runs})
+        bodies = {r.shared_run_id: await wait_ended(cp, r.shared_run_id, "default") for r in runs}
 
     instance_ids = {i.instance_id for i in host.instances}
     for r in runs:
         body = bodies[r.shared_run_id]
-        assert body["status"] == "Dispatched"
+        assert body["status"] == "Succeeded"
         assert body["queue_item"]["status"] == "Dispatched"
         assert body["assigned_instance_id"] in instance_ids
         assert body["run_id"] and body["run"]["run_id"] == body["run_id"]

@@ -466,8 +466,7 @@ TENANTS: dict[str, tuple[str, str, str]] = {
 }
 """tenant -> (isolation mode, RuntimePool name, runtime prefix)."""
 MAX_INSTANCES = 2
-_FINISHED_RUN = ("completed", "failed", "cancelled")
-_FINISHED_SHARED_RUN = ("Rejected", "Cancelled", "Failed")
+_FINISHED_SHARED_RUN = ("Succeeded", "Failed", "Cancelled", "Rejected")
 
 
 def runtime_pools() -> list[Doc]:
@@ -541,9 +540,8 @@ def submit_and_wait(
                 continue
             with client(tenant) as http:
                 body = http.get(f"/v1/runs/{run['shared_run_id']}").json()
-            if (body.get("run") or {}).get("status") in _FINISHED_RUN or body.get(
-                "status"
-            ) in _FINISHED_SHARED_RUN:
+            # Finished when the shared run ended (the control plane read the outcome).
+            if body.get("status") in _FINISHED_SHARED_RUN:
                 finished[tenant] = body
         time.sleep(0.2)
     return submitted, finished
@@ -557,7 +555,7 @@ def check_placement(submitted: Mapping[str, Doc], finished: Mapping[str, Doc]) -
         assert submitted[tenant]["status"] == "ScaleOutRequested", (
             f"{tenant}: no runtime existed, admission must have asked for one: {submitted[tenant]}"
         )
-        assert body["status"] == "Dispatched", where
+        assert body["status"] == "Succeeded", where
         assert body["run"]["status"] == "completed", where
         assert body["execution"]["completed"] == body["execution"]["total"] == 10, where
         instance = body["assigned_instance_id"]

@@ -105,14 +105,24 @@ async def test_a_run_of_a_tenant_that_may_not_use_the_instance_is_refused_on_eve
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_a_handler_outside_the_tenants_allowlist_is_refused_naming_step_and_handler(
-    runtime: Runtime, hosts: MakeHost, redis: Redis, path: str
+    runtime: Runtime,
+    hosts: MakeHost,
+    redis: Redis,
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The platform allows the module; the tenant's allowlist decides about ``python``.
+    monkeypatch.setenv("AIRUNTIME_PYTHON_HANDLER_MODULES", "tests.engine.callables")
     host = await hosts(provider="redis" if path == "redis" else "http")
     doc = {
         "id": "p",
         "steps": [
             {"id": "fine", "uses": "noop"},
-            {"id": "sneaky", "uses": "python", "with": {"callable": "os:getcwd"}},
+            {
+                "id": "sneaky",
+                "uses": "python",
+                "with": {"callable": "tests.engine.callables:add", "kwargs": {"a": 1, "b": 2}},
+            },
         ],
     }
     status, answer = await _submit(path, host, redis, request(doc).model_dump(mode="json"))

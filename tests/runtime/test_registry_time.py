@@ -52,13 +52,15 @@ def _descriptor(instance_id: str, stamp_ms: int, free_slots: int = 1) -> Instanc
 
 
 async def _reserve(redis: Redis, d: InstanceDescriptor, ttl_ms: int, grace_ms: int = 0) -> int:
+    """Reserve as admission does: the descriptor's age is measured by Redis (its stamp is
+    Redis time), never a runtime's clock; a stamp from the future counts as age 0."""
+    age_ms = max(0, await _redis_ms(redis) - d.capacity.snapshot_at_ms)
     reply: Any = await library().call(
         redis,
         "reserveSlot",
         [keys.reservations(d.instance_id)],
-        [uuid.uuid4().hex, d.capacity.available_run_slots, d.capacity.snapshot_at_ms, ttl_ms,
-         grace_ms],
-    )  # fmt: skip
+        [uuid.uuid4().hex, d.capacity.available_run_slots, age_ms, ttl_ms, grace_ms, 64, 1],
+    )
     return int(reply[0])
 
 
@@ -104,10 +106,11 @@ async def test_a_reservation_expires_by_redis_time_and_a_skewed_runtime_cannot_e
     await eventually(expired, "the reservation expired by Redis time")
     assert await redis.zcard(keys.reservations("rt-1")) == 1, "only the new reservation"
 
-    # What a runtime's own clock did before: an hour-ahead stamp erases live reservations.
+    # A descriptor stamped by a runtime an hour ahead cannot erase live reservations:
+    # its age counts as 0, so what was reserved within the grace period still counts.
     client_stamped = _descriptor("rt-2", int(time.time() * 1000) + HOUR_MS)
     await registry.publish(_descriptor("rt-2", 0), ttl_ms=60_000)
     fresh = await registry.get("rt-2")
     assert fresh is not None
     assert await _reserve(redis, fresh, ttl_ms, grace_ms) == 1
-    assert await _reserve(redis, client_stamped, ttl_ms, grace_ms) == 1, "overfilled"
+    assert await _reserve(redis, client_stamped, ttl_ms, grace_ms) == -7, "not overfilled"
