@@ -117,7 +117,8 @@ def _refusal(exc: PipelineError, pipeline: dict[str, Any]) -> PipelineRefused:
         if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
             step = steps[loc[1]] if loc[1] < len(steps) else None
             if isinstance(step, dict) and isinstance(step.get("id"), str):
-                message = f"step {step['id']!r}: {message}"
+                named = f"step {step['id']!r}: "
+                message = message if message.startswith(named) else named + message
         problems.append((loc, message))
     return PipelineRefused(problems)
 

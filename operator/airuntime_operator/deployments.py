@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -140,8 +140,12 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
-    """The runtime container's environment: the pool's settings, then its extra env."""
+def runtime_env(
+    spec: RuntimePoolSpec, platform_env: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The runtime container's environment: the pool's settings, its extra env, then the
+    platform's (runtime token, handler policy), which replaces a pool entry of the same
+    name: a pool author cannot widen what the platform allows."""
     settings: TenantSettings = spec.tenant_settings()
     sources: dict[str, dict[str, Any]] = {
         "redis_url": {
@@ -182,7 +186,9 @@ def runtime_env(spec: RuntimePoolSpec) -> list[dict[str, Any]]:
         {"name": InstanceSettings.env_var(field), **sources[field]}
         for field in OPERATOR_MANAGED_SETTINGS
     ]
-    return env + [e.to_wire() for e in spec.env]
+    platform = {e["name"] for e in platform_env}
+    extra = [e.to_wire() for e in spec.env if e.name not in platform]
+    return env + extra + [dict(e) for e in platform_env]
 
 
 def _probe(path: str, *, period: int, initial_delay: int = 0) -> dict[str, Any]:
@@ -203,6 +209,7 @@ def pod_template(
     *,
     image: str,
     extra_labels: Mapping[str, str] | None = None,
+    platform_env: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The runtime pods' template: ``airt runtime``, probes, a hardened security context."""
     resources = spec.resources.to_wire() if spec.resources is not None else _DEFAULT_RESOURCES
@@ -226,7 +233,7 @@ def pod_template(
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
                     "command": list(RUNTIME_COMMAND),
-                    "env": runtime_env(spec),
+                    "env": runtime_env(spec, platform_env),
                     "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
                     "readinessProbe": _probe("/readyz", period=5),
                     "livenessProbe": _probe("/healthz", period=10, initial_delay=10),
@@ -259,9 +266,12 @@ def deployment(
     *,
     image: str,
     extra_labels: Mapping[str, str] | None = None,
+    platform_env: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The pool's Deployment, named after its runtime prefix, with clamped replicas."""
-    template = pod_template(ref, spec, image=image, extra_labels=extra_labels)
+    template = pod_template(
+        ref, spec, image=image, extra_labels=extra_labels, platform_env=platform_env
+    )
     metadata = _metadata(ref, spec, spec.runtime_prefix, extra_labels)
     metadata["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash(template)}
     return {
@@ -329,11 +339,12 @@ def children(
     *,
     image: str,
     extra_labels: Mapping[str, str] | None = None,
+    platform_env: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Every object of the pool, in apply order (the Deployment last)."""
     return [
         service_account(ref, spec, extra_labels=extra_labels),
         config_map(ref, spec, extra_labels=extra_labels),
         service(ref, spec, extra_labels=extra_labels),
-        deployment(ref, spec, image=image, extra_labels=extra_labels),
+        deployment(ref, spec, image=image, extra_labels=extra_labels, platform_env=platform_env),
     ]

@@ -117,7 +117,14 @@ async def _apply_children(
     """Server-side apply of every object of the pool; returns the applied Deployment."""
     image = spec.image or ctx.settings.runtime_image
     applied: dict[str, Any] = {}
-    for obj in deployments.children(ref, spec, image=image, extra_labels=ctx.settings.extra_labels):
+    settings = ctx.settings
+    for obj in deployments.children(
+        ref,
+        spec,
+        image=image,
+        extra_labels=settings.extra_labels,
+        platform_env=settings.runtime_platform_env(),
+    ):
         applied = await ctx.kube.apply(obj)  # the Deployment comes last
     return applied
 

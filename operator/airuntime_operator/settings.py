@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import (
@@ -28,11 +28,18 @@ from pydantic_settings import (
 )
 
 import airuntime
+from airuntime.engine.handlers.settings import HandlerSettings
+from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
 
 __all__ = ["RUNTIME_IMAGE_REPOSITORY", "OperatorSettings", "SettingsError", "default_runtime_image"]
 
 ENV_PREFIX: Final = "AIRUNTIME_"
 RUNTIME_IMAGE_REPOSITORY: Final = "ghcr.io/airuntime/airuntime"
+
+
+PYTHON_MODULES_ENV: Final = "AIRUNTIME_PYTHON_HANDLER_MODULES"
+HTTP_DENY_ENV: Final = "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS"
+HTTP_ALLOW_ENV: Final = "AIRUNTIME_HTTP_HANDLER_ALLOW"
 
 
 def _var(suffix: str) -> str:
@@ -163,6 +170,33 @@ class OperatorSettings(BaseSettings):
     (``AIRUNTIME_OPERATOR_EXTRA_LABELS``, comma-separated ``name=value`` pairs; default
     none), e.g. for cost allocation."""
 
+    runtime_token_secret: str | None = Field(
+        default=None, min_length=1, validation_alias=_var("RUNTIME_TOKEN_SECRET")
+    )
+    """Secret holding the runtime token (``AIRUNTIME_OPERATOR_RUNTIME_TOKEN_SECRET``; it
+    must exist in each pool's namespace). Every runtime pod gets ``AIRUNTIME_RUNTIME_TOKEN``
+    from it through a secretKeyRef, so the control plane (which reads the same Secret)
+    can deliver runs to the pod's intake. Default ``None``: no token, and the runtimes'
+    intake answers 401."""
+
+    runtime_token_key: str = Field(
+        default="token", min_length=1, validation_alias=_var("RUNTIME_TOKEN_KEY")
+    )
+    """Key of the runtime token in that Secret (``AIRUNTIME_OPERATOR_RUNTIME_TOKEN_KEY``,
+    default ``token``)."""
+
+    python_handler_modules: str = Field(default="", validation_alias=PYTHON_MODULES_ENV)
+    """The platform's ``AIRUNTIME_PYTHON_HANDLER_MODULES``, passed on unchanged to every
+    runtime pod (default empty: no ``python`` step runs). The operator always sets it and
+    the two ``http`` variables below, replacing what a pool's ``env`` says: the handler
+    policy is the platform's, not the pool author's."""
+
+    http_handler_deny_cidrs: str = Field(default="", validation_alias=HTTP_DENY_ENV)
+    """The platform's ``AIRUNTIME_HTTP_HANDLER_DENY_CIDRS`` for runtime pods."""
+
+    http_handler_allow: str = Field(default="", validation_alias=HTTP_ALLOW_ENV)
+    """The platform's ``AIRUNTIME_HTTP_HANDLER_ALLOW`` for runtime pods."""
+
     log_level: str = Field(default="INFO", validation_alias=_var("LOG_LEVEL"))
     """Level of the operator's log (``AIRUNTIME_OPERATOR_LOG_LEVEL``: DEBUG, INFO,
     WARNING, ERROR; default INFO)."""
@@ -194,6 +228,30 @@ class OperatorSettings(BaseSettings):
         if level not in logging.getLevelNamesMapping():
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
         return level
+
+    @model_validator(mode="after")
+    def _valid_handler_policy(self) -> OperatorSettings:
+        """The runtimes would refuse a malformed policy at start: refuse it here first."""
+        for field in ("python_handler_modules", "http_handler_deny_cidrs", "http_handler_allow"):
+            value = getattr(self, field)
+            try:
+                HandlerSettings.model_validate({field: value})
+            except ValidationError as exc:
+                problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"{env_var(field)}={value!r}: {problem}") from None
+        return self
+
+    def runtime_platform_env(self) -> list[dict[str, Any]]:
+        """The variables every runtime pod gets from the platform, whatever its pool says."""
+        env: list[dict[str, Any]] = [
+            {"name": PYTHON_MODULES_ENV, "value": self.python_handler_modules},
+            {"name": HTTP_DENY_ENV, "value": self.http_handler_deny_cidrs},
+            {"name": HTTP_ALLOW_ENV, "value": self.http_handler_allow},
+        ]
+        if self.runtime_token_secret:
+            ref = {"name": self.runtime_token_secret, "key": self.runtime_token_key}
+            env.append({"name": RUNTIME_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
+        return env
 
     @property
     def clusterwide(self) -> bool:
@@ -273,6 +331,8 @@ def _field_of(key: str) -> str:
 
 def _explain(error: ErrorDetails) -> str:
     """One sentence naming the variable, its value and what is wrong with it."""
+    if not error["loc"] and error["type"] == "value_error":  # a whole-model check: it names
+        return f"{(error.get('ctx') or {}).get('error')}."  # the variable itself
     field = _field_of(str(error["loc"][0])) if error["loc"] else "settings"
     var = env_var(field) if field in OperatorSettings.model_fields else field
     value, kind = error.get("input"), error["type"]

@@ -195,8 +195,8 @@ def test_defaults_render_the_control_plane_and_the_operator(
     docs = render(None)
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Role",
-        "RoleBinding", "Secret", "Service", "ServiceAccount",
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+        "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
     ]  # fmt: skip
     deployments = sorted(d["metadata"]["name"] for d in objects(docs, "Deployment"))
     assert deployments == ["rel-airuntime-control-plane", "rel-airuntime-operator"]
@@ -537,10 +537,12 @@ def _literal_env(container: Doc) -> dict[str, str]:
 
 def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) -> None:
     from airuntime.control_plane.settings import ControlPlaneServerSettings as Settings
+    from airuntime.engine.handlers.settings import HandlerSettings
 
     # airt control-plane reads the variables of its settings model (options override them).
     read = {Settings.env_var(field) for field in Settings.model_fields}
     read.add("AIRUNTIME_HOME")  # read by the shared core, not an option
+    read |= {HandlerSettings.env_var(field) for field in HandlerSettings.model_fields}
     (cp,) = [c for w, _, c in workloads(rendered) if component(w) == "control-plane"]
     unknown = sorted(set(env_of(cp)) - read)
     assert unknown == [], f"the chart sets variables airt control-plane does not read: {unknown}"
@@ -562,6 +564,8 @@ def test_operator_env_is_read_by_operator_settings(rendered: list[Doc]) -> None:
     assert settings.runtime_image == "ghcr.io/airuntime/airuntime:0.1.0"
     assert settings.status_interval_seconds == 10 and settings.retention_seconds == 3600
     assert settings.scale_in is True
+    assert settings.runtime_token_secret == "rel-airuntime-runtime-token"
+    assert settings.runtime_token_key == "token"
     for name in env:
         if name.startswith("AIRUNTIME_OPERATOR_") and name != "AIRUNTIME_OPERATOR_LOG_LEVEL":
             source = (REPO_ROOT / "operator" / "airuntime_operator" / "settings.py").read_text()
@@ -645,6 +649,161 @@ def test_service_monitor_scrapes_the_control_plane_and_runtime_pods(
     runtime_service = deployments.service(ref, spec)
     assert selected(runtime_service["metadata"]["labels"]), runtime_service["metadata"]["labels"]
     assert "http" in [p["name"] for p in runtime_service["spec"]["ports"]]
+
+
+# -- trust: runtime token, handler policy, network policies ------------------------------------
+
+TRUST: Doc = {
+    **EVERYTHING,
+    "pythonHandlerModules": ["mycompany.tools", "mycompany.more"],
+    "httpHandlerDenyCidrs": ["203.0.113.0/24"],
+    "httpHandlerAllow": ["api.internal"],
+}
+
+
+def _pod_labels(docs: list[Doc], comp: str) -> dict[str, str]:
+    (workload,) = [w for w in objects(docs, "Deployment") if component(w) == comp]
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _runtime_pod_labels(pool: Doc) -> dict[str, str]:
+    """The labels of the pods the operator creates for a RuntimePool the chart rendered."""
+    from airuntime.k8s.v1alpha1 import RuntimePoolSpec
+    from airuntime_operator import deployments
+
+    spec = RuntimePoolSpec.model_validate(pool["spec"])
+    ref = deployments.PoolRef(name=pool["metadata"]["name"], namespace=NAMESPACE, uid="uid-1")
+    labels: dict[str, str] = deployments.pod_template(ref, spec, image="img")["metadata"]["labels"]
+    return labels
+
+
+def _admits(peer: Doc, namespace: str, labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy peer of a policy in ``NAMESPACE`` (matchLabels selectors
+    only) admits a pod with ``labels`` in ``namespace``."""
+    ns_selector = peer.get("namespaceSelector")
+    if ns_selector is None:
+        if namespace != NAMESPACE:
+            return False
+    else:
+        assert set(ns_selector) <= {"matchLabels"}, ns_selector
+        wanted = ns_selector.get("matchLabels", {})
+        if not wanted.items() <= {"kubernetes.io/metadata.name": namespace}.items():
+            return False
+    pod_selector = peer.get("podSelector", {})
+    assert set(pod_selector) <= {"matchLabels"}, pod_selector
+    return bool(pod_selector.get("matchLabels", {}).items() <= labels.items())
+
+
+def test_runtime_token_and_handler_policy_reach_control_plane_and_operator(
+    render: Callable[..., list[Doc]],
+) -> None:
+    docs = render(TRUST)
+    (cp,) = [c for w, _, c in workloads(docs) if component(w) == "control-plane"]
+    (op,) = [c for w, _, c in workloads(docs) if component(w) == "operator"]
+    token = env_of(cp)["AIRUNTIME_RUNTIME_TOKEN"]
+    assert token == {
+        "name": "AIRUNTIME_RUNTIME_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "rel-airuntime-runtime-token", "key": "token"}},
+    }
+    secret = one(docs, "Secret", "rel-airuntime-runtime-token")
+    assert len(base64.b64decode(secret["data"]["token"])) == 48
+    for container in (cp, op):
+        env = _literal_env(container)
+        assert env["AIRUNTIME_PYTHON_HANDLER_MODULES"] == "mycompany.tools,mycompany.more"
+        assert env["AIRUNTIME_HTTP_HANDLER_DENY_CIDRS"] == "203.0.113.0/24"
+        assert env["AIRUNTIME_HTTP_HANDLER_ALLOW"] == "api.internal"
+    assert _literal_env(op)["AIRUNTIME_OPERATOR_RUNTIME_TOKEN_SECRET"] == (
+        "rel-airuntime-runtime-token"
+    )
+    assert "runtime-token" not in yaml.safe_dump(env_of(op)).replace(
+        "rel-airuntime-runtime-token", ""
+    ), "the operator names the Secret, it never holds the token"
+
+
+def test_an_existing_runtime_token_secret_is_used_not_rendered(
+    render: Callable[..., list[Doc]],
+) -> None:
+    docs = render({"runtimeToken": {"existingSecret": "rt", "existingSecretKey": "bearer"}})
+    names = [d["metadata"]["name"] for d in objects(docs, "Secret")]
+    assert names == ["rel-airuntime-tokens"], names
+    (cp,) = [c for w, _, c in workloads(docs) if component(w) == "control-plane"]
+    ref = env_of(cp)["AIRUNTIME_RUNTIME_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "rt", "key": "bearer"}
+
+
+def test_runtime_pods_admit_only_the_control_plane_and_the_scraper(
+    render: Callable[..., list[Doc]],
+) -> None:
+    from airuntime_operator import deployments
+
+    docs = render(TRUST)
+    policy = one(docs, "NetworkPolicy", "rel-airuntime-runtime")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    pools = objects(docs, "RuntimePool")
+    assert len(pools) == 2
+    for pool in pools:
+        assert selector.items() <= _runtime_pod_labels(pool).items()
+    for comp in ("control-plane", "operator", "valkey"):
+        assert not selector.items() <= _pod_labels(docs, comp).items()
+    intake, metrics = policy["spec"]["ingress"]
+    for rule in (intake, metrics):
+        assert rule["ports"] == [{"port": deployments.HTTP_PORT, "protocol": "TCP"}]
+    control_plane = _pod_labels(docs, "control-plane")
+    assert any(_admits(p, NAMESPACE, control_plane) for p in intake["from"])
+    assert not any(_admits(p, "elsewhere", control_plane) for p in intake["from"])
+    for comp in ("operator", "valkey"):
+        assert not any(_admits(p, NAMESPACE, _pod_labels(docs, comp)) for p in intake["from"])
+    assert metrics["from"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+    # Without the ServiceMonitor nobody but the control plane reaches the runtimes.
+    (only,) = one(render(None), "NetworkPolicy", "rel-airuntime-runtime")["spec"]["ingress"]
+    assert only == intake
+
+
+def test_valkey_admits_only_this_releases_pods(render: Callable[..., list[Doc]]) -> None:
+    docs = render(TRUST)
+    policy = one(docs, "NetworkPolicy", "rel-airuntime-valkey")
+    valkey = one(docs, "Deployment", "rel-airuntime-valkey")
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels(docs, "valkey").items()
+    )
+    (rule,) = policy["spec"]["ingress"]
+    (port,) = valkey["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert rule["ports"] == [{"port": port["containerPort"], "protocol": "TCP"}]
+    admitted = [
+        _pod_labels(docs, "control-plane"),
+        _pod_labels(docs, "operator"),
+        *(_runtime_pod_labels(pool) for pool in objects(docs, "RuntimePool")),
+    ]
+    for labels in admitted:
+        assert any(_admits(peer, NAMESPACE, labels) for peer in rule["from"]), labels
+    other_release = {**_pod_labels(docs, "control-plane"), "app.kubernetes.io/instance": "other"}
+    for labels, namespace in [
+        ({"app": "anything"}, NAMESPACE),
+        (other_release, NAMESPACE),
+        (_pod_labels(docs, "control-plane"), "elsewhere"),
+        (_runtime_pod_labels(objects(docs, "RuntimePool")[0]), "elsewhere"),
+    ]:
+        assert not any(_admits(peer, namespace, labels) for peer in rule["from"]), labels
+
+
+def test_network_policies_follow_the_operators_namespaces_and_the_toggle(
+    render: Callable[..., list[Doc]],
+) -> None:
+    policies = objects(render(NAMESPACED), "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == [NAMESPACE, "team-a", "team-b"]
+    for policy in policies:
+        (peer,) = policy["spec"]["ingress"][0]["from"]
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": NAMESPACE
+        }
+    assert objects(render({**TRUST, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
 
 
 # Every metric the dashboard must show (control plane and runtime pods).
@@ -960,6 +1119,7 @@ def test_kind_config_exposes_the_control_plane_api() -> None:
 INSTALLED: Doc = {
     **{k: v for k, v in EVERYTHING.items() if k != "auth"},  # a generated admin token
     "operator": {"statusIntervalSeconds": 1},
+    "pythonHandlerModules": ["mycompany.tools"],
 }
 
 # A stand-in for the Prometheus Operator's CRD, so that the ServiceMonitor can be created.
@@ -1098,17 +1258,20 @@ def test_chart_installs_on_a_real_api_server(installed: Installed) -> None:
 
 
 def test_upgrade_keeps_the_generated_token_and_valkey_password(installed: Installed) -> None:
-    tokens, redis = (
+    tokens, redis, runtime = (
         installed.secret("rel-airuntime-tokens"),
         installed.secret("rel-airuntime-redis"),
+        installed.secret("rel-airuntime-runtime-token"),
     )
     assert "token:" in tokens["tokens.yaml"] and len(redis["password"]) == 32
+    assert len(runtime["token"]) == 48
     installed.run_helm(
         "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
         values={**INSTALLED, "controlPlane": {"replicas": 2}},
     )  # fmt: skip
     assert installed.secret("rel-airuntime-tokens") == tokens
     assert installed.secret("rel-airuntime-redis") == redis
+    assert installed.secret("rel-airuntime-runtime-token") == runtime
 
 
 @pytest.mark.parametrize(("group", "resource", "verb"), OPERATOR_NEEDS,
@@ -1207,6 +1370,13 @@ def test_operator_reconciles_pools_as_its_service_account(
         assert custom.get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", "airuntime"
         )
+        runtime = apps.read_namespaced_deployment("tenant-a-runtime", NAMESPACE)
+        (container,) = runtime.spec.template.spec.containers
+        env = {e.name: e for e in container.env}
+        ref = env["AIRUNTIME_RUNTIME_TOKEN"].value_from.secret_key_ref
+        assert (ref.name, ref.key) == ("rel-airuntime-runtime-token", "token")
+        assert env["AIRUNTIME_PYTHON_HANDLER_MODULES"].value == "mycompany.tools"
+        assert env["AIRUNTIME_HTTP_HANDLER_ALLOW"].value in (None, "")
     finally:
         proc.terminate()
         try:

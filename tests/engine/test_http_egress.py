@@ -205,3 +205,49 @@ def test_allowed_networks_win_and_denied_ones_add() -> None:
     google = ipaddress.ip_network("8.8.8.0/24")
     assert classify(ipaddress.ip_address("10.9.9.9"), allowed=[ten]) is None
     assert classify(ipaddress.ip_address("8.8.8.8"), denied=[google]) is AddressClass.CONFIGURED
+
+
+# -- at submit: a literal internal address never compiles ----------------------------------
+
+
+def _compile_urls(*urls: str) -> str:
+    """The problems compiling one ``http`` step per url reports ('' = it compiles)."""
+    from airuntime.engine.pipeline.compile import compile_pipeline
+    from airuntime.engine.pipeline.problems import PipelineError
+    from airuntime.engine.pipeline.spec import PipelineSpec
+
+    steps = [{"id": f"s{i}", "uses": "http", "with": {"url": u}} for i, u in enumerate(urls)]
+    spec = PipelineSpec.model_validate({"id": "p", "inputs": {"host": "x"}, "steps": steps})
+    try:
+        compile_pipeline(spec)
+    except PipelineError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("http://127.0.0.1:6379/", "a loopback address"),
+        ("http://169.254.169.254/latest/meta-data/", "a cloud metadata address"),
+        ("http://localhost:8080/v1/settings", "resolves to 127.0.0.1, which is a loopback"),
+        ("http://[::1]/", "a loopback address"),
+        ("http://10.1.2.3/", "a private (RFC 1918) address"),
+        ("http://[::ffff:169.254.169.254]/", "a cloud metadata address"),
+    ],
+)
+def test_a_literal_internal_url_is_refused_at_compile_naming_step_and_url(
+    url: str, named: str
+) -> None:
+    problems = _compile_urls(url)
+    assert "steps[0].with.url" in problems and "step 's0'" in problems, problems
+    assert repr(url) in problems and named in problems, problems
+
+
+def test_names_references_and_allowed_networks_are_left_to_the_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _compile_urls("https://api.example.com/x", "http://${inputs.host}/") == ""
+    monkeypatch.setenv(ALLOW, "127.0.0.1/32")
+    assert _compile_urls("http://127.0.0.1:6379/") == ""
+    assert "169.254.169.254" in _compile_urls("http://169.254.169.254/")

@@ -118,3 +118,67 @@ def test_every_object_is_labelled_and_owned_by_the_pool() -> None:
     service = objects[2]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == deployments.selector_labels(_spec())
+
+
+PLATFORM = {
+    "AIRUNTIME_REDIS_URL": "redis://valkey:6379/0",
+    "AIRUNTIME_OPERATOR_RUNTIME_TOKEN_SECRET": "rel-airuntime-runtime-token",
+    "AIRUNTIME_OPERATOR_RUNTIME_TOKEN_KEY": "token",
+    "AIRUNTIME_PYTHON_HANDLER_MODULES": "mycompany.tools",
+    "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS": "203.0.113.0/24",
+}
+
+
+def test_runtime_pods_get_the_platforms_token_and_handler_policy_over_the_pools() -> None:
+    from airuntime_operator import OperatorSettings
+
+    platform_env = OperatorSettings.from_env(PLATFORM).runtime_platform_env()
+    spec = _spec(
+        env=[
+            {"name": "AIRUNTIME_PYTHON_HANDLER_MODULES", "value": "tests.chaos"},
+            {"name": "AIRUNTIME_HTTP_HANDLER_ALLOW", "value": "0.0.0.0/0"},
+            {"name": "LOG_LEVEL", "value": "debug"},
+        ]
+    )
+    template = deployments.pod_template(REF, spec, image="img", platform_env=platform_env)
+    env = template["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert len(names) == len(set(names)), f"duplicate variables: {names}"
+    by_name = {e["name"]: e.get("value", e.get("valueFrom")) for e in env}
+    assert by_name["AIRUNTIME_RUNTIME_TOKEN"] == {
+        "secretKeyRef": {"name": "rel-airuntime-runtime-token", "key": "token"}
+    }
+    assert by_name["AIRUNTIME_PYTHON_HANDLER_MODULES"] == "mycompany.tools"
+    assert by_name["AIRUNTIME_HTTP_HANDLER_DENY_CIDRS"] == "203.0.113.0/24"
+    assert by_name["AIRUNTIME_HTTP_HANDLER_ALLOW"] == "", "the pool may not widen egress"
+    assert by_name["LOG_LEVEL"] == "debug"
+
+
+def test_without_a_token_secret_the_pool_keeps_its_own_token_variable() -> None:
+    from airuntime_operator import OperatorSettings
+
+    settings = OperatorSettings.from_env({"AIRUNTIME_REDIS_URL": "redis://valkey:6379/0"})
+    ref = {"secretKeyRef": {"name": "mine", "key": "t"}}
+    spec = _spec(env=[{"name": "AIRUNTIME_RUNTIME_TOKEN", "valueFrom": ref}])
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in deployments.runtime_env(spec, settings.runtime_platform_env())
+    }
+    assert env["AIRUNTIME_RUNTIME_TOKEN"] == ref
+    assert env["AIRUNTIME_PYTHON_HANDLER_MODULES"] == "", "no python step unless the platform says"
+
+
+def test_changing_the_platform_policy_rolls_the_pods() -> None:
+    from airuntime_operator import OperatorSettings
+
+    before = OperatorSettings.from_env(PLATFORM).runtime_platform_env()
+    after = OperatorSettings.from_env(
+        {**PLATFORM, "AIRUNTIME_PYTHON_HANDLER_MODULES": "mycompany"}
+    ).runtime_platform_env()
+    hashes = {
+        deployments.deployment(REF, _spec(), image="img", platform_env=env)["metadata"][
+            "annotations"
+        ][deployments.TEMPLATE_HASH_ANNOTATION]
+        for env in (before, after)
+    }
+    assert len(hashes) == 2

@@ -94,6 +94,16 @@ def test_settings_from_env() -> None:
             "gc_interval_seconds must be positive",
             id="gc-interval-zero",
         ),
+        pytest.param(
+            {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_PYTHON_HANDLER_MODULES": "os"},
+            "AIRUNTIME_PYTHON_HANDLER_MODULES='os': 'os' may never be opened",
+            id="python-modules-os",
+        ),
+        pytest.param(
+            {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS": "x/99"},
+            "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS='x/99'",
+            id="deny-cidrs-malformed",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_the_name(environ: dict[str, str], message: str) -> None:

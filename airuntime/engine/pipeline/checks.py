@@ -10,11 +10,14 @@ too many steps or edges make everything after them too expensive to check.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from airuntime.engine.handlers.python_policy import callable_problem, describe_allowed
+from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.graph import find_cycle, topological_order
 from airuntime.engine.pipeline.problems import PipelineError, Problem, fmt_value, format_loc
 from airuntime.engine.pipeline.spec import INPUT_HANDLER, PipelineLimits, StepSpec
@@ -224,6 +227,38 @@ def check_python_callable(
     problem = callable_problem(spec, modules)
     if problem is not None:
         problems.append(Problem(f"steps[{i}].with.callable", f"step {step.id!r}: {problem}"))
+
+
+HTTP_HANDLER = "http"
+
+
+def check_http_url(i: int, step: StepSpec, value: Any, problems: list[Problem]) -> None:
+    """An ``http`` step whose literal URL names an address the platform's egress policy
+    refuses (``127.0.0.1``, ``169.254.169.254``, ``localhost``, a private network ...) is
+    refused at submit; a host name is resolved, and refused, when the step runs."""
+    if step.uses != HTTP_HANDLER or not isinstance(value, Mapping):
+        return
+    url = value.get("url")
+    if not isinstance(url, str) or "${" in url:
+        return
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return  # malformed: the handler refuses it, naming the url
+    if not host:
+        return
+    local = host == "localhost" or host.endswith(".localhost")
+    try:
+        addresses = ["127.0.0.1"] if local else [str(ipaddress.ip_address(host))]
+    except ValueError:
+        return  # a name: checked on the address it resolves to, when the step runs
+    from airuntime.engine.handlers.egress import EgressPolicy  # httpx: only when needed
+
+    policy = EgressPolicy.from_settings(handler_settings())
+    refusal = policy.refusal(host, addresses)
+    if refusal is not None:
+        where = f"steps[{i}].with.url"
+        problems.append(Problem(where, f"step {step.id!r}: url {url!r}: {refusal}"))
 
 
 def check_edge_count(edges: int, limits: PipelineLimits, problems: list[Problem]) -> None:

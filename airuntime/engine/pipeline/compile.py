@@ -21,6 +21,7 @@ from airuntime.engine.pipeline.checks import (
     check_dependencies,
     check_edge_count,
     check_handler,
+    check_http_url,
     check_ids,
     check_input_step,
     check_python_callable,
@@ -125,6 +126,7 @@ def _check_steps(
         graph.inputs[i] = value
         if checked and rules.usable(s.uses):
             check_python_callable(i, s, value, rules.python_modules, problems)
+            check_http_url(i, s, value, problems)
         referenced = check_references(i, s, value, first, problems) if checked else set()
         check_input_step(i, s, problems)
         graph.refs[i] = sorted(referenced)

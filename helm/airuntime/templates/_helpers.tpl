@@ -160,3 +160,34 @@ imagePullSecrets:
 {{- define "airuntime.operator.clusterwide" -}}
 {{- if not .Values.operator.watchNamespaces }}true{{ end }}
 {{- end }}
+
+{{/* Runtime token Secret name and key (AIRUNTIME_RUNTIME_TOKEN). */}}
+{{- define "airuntime.runtimeToken.secretName" -}}
+{{- default (printf "%s-runtime-token" (include "airuntime.fullname" .)) .Values.runtimeToken.existingSecret }}
+{{- end }}
+
+{{- define "airuntime.runtimeToken.secretKey" -}}
+{{- if .Values.runtimeToken.existingSecret }}{{ .Values.runtimeToken.existingSecretKey }}{{ else }}token{{ end }}
+{{- end }}
+
+{{/* The platform's trust settings, identical on the control plane, the operator and
+(through the operator) every runtime pod. */}}
+{{- define "airuntime.handlerPolicyEnv" -}}
+- name: AIRUNTIME_PYTHON_HANDLER_MODULES
+  value: {{ join "," .Values.pythonHandlerModules | quote }}
+- name: AIRUNTIME_HTTP_HANDLER_DENY_CIDRS
+  value: {{ join "," .Values.httpHandlerDenyCidrs | quote }}
+- name: AIRUNTIME_HTTP_HANDLER_ALLOW
+  value: {{ join "," .Values.httpHandlerAllow | quote }}
+{{- end }}
+
+{{/* Namespaces where runtime pods of this release's operator run (release first). */}}
+{{- define "airuntime.runtimeNamespaces" -}}
+{{- toJson (uniq (prepend .Values.operator.watchNamespaces .Release.Namespace)) }}
+{{- end }}
+
+{{/* Labels every runtime pod the operator creates carries. */}}
+{{- define "airuntime.runtimePodLabels" -}}
+app.kubernetes.io/name: airuntime-runtime
+app.kubernetes.io/managed-by: airuntime-operator
+{{- end }}
