@@ -363,6 +363,10 @@ class RuntimeInstance:
     async def _start(self, record: RunRecord, request: RunRequest) -> None:
         """Take workers, mark the run running with a new ExecutionId, launch it."""
         workers = self._effective_workers()
+        if workers == 0:
+            # While the queue was read, adoption or assistance took the free workers: the
+            # run stays queued (a participation's end kicks the controller again).
+            return
         eid = f"ex-{uuid.uuid4().hex}"
         self.active_workers += workers
         self._starting.add(record.run_id)  # adoption must not resume it meanwhile

@@ -9,6 +9,8 @@ import threading
 from json import dumps  # noqa: F401  (defined elsewhere: the policy must refuse it)
 from typing import Any
 
+from airuntime.engine.handlers import current_step
+
 
 def thread_name(prefix: str) -> str:
     return f"{prefix}{threading.current_thread().name}"
@@ -32,3 +34,15 @@ class Tools:
 
 
 NOT_CALLABLE = 42
+
+
+def step_key() -> str | None:
+    """The running step's idempotency key, read in the handler's thread."""
+    step = current_step()
+    return None if step is None else step.idempotency_key
+
+
+async def async_step_key() -> str | None:
+    """The running step's idempotency key, read on the loop."""
+    step = current_step()
+    return None if step is None else step.idempotency_key

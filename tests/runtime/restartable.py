@@ -78,3 +78,10 @@ class RestartableValkey:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+
+    def stop(self) -> None:
+        """SIGTERM: a clean shutdown (the server flushes its append-only file and exits)."""
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+            self._proc = None

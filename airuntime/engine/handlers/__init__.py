@@ -41,6 +41,11 @@ with two values of :class:`StepContext`:
   before it, so the claim that replaced a lost one always carries a higher number). A
   store that remembers the highest ``fencing_seq`` it accepted for a key can refuse the
   late write of a stale worker (a fencing token in Kleppmann's sense).
+
+Code that a handler calls without passing the context along -- the callable of a
+``python`` step gets only its ``args``/``kwargs`` -- reads the running step's context
+with :func:`current_step` (a context variable :func:`invoke` sets, also in the handler's
+thread), so a ``python`` step can dedupe its effects with ``current_step().idempotency_key``.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ __all__ = [
     "StepFailed",
     "TransientError",
     "UnknownHandlerError",
+    "current_step",
     "default_registry",
     "handler",
     "invoke",
@@ -179,6 +185,18 @@ class StepContext:
 
 
 Handler = Callable[[StepContext], Any]
+
+_CURRENT_STEP: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+    "airuntime_current_step", default=None
+)
+
+
+def current_step() -> StepContext | None:
+    """The :class:`StepContext` of the handler attempt this code runs in (on the loop
+    or in the handler's thread); None outside a handler."""
+    return _CURRENT_STEP.get()
+
+
 _H = TypeVar("_H", bound=Callable[..., Any])
 
 
@@ -367,18 +385,22 @@ async def invoke(fn: Handler, ctx: StepContext, executor: Executor | None = None
     :func:`shared_executor` by default) with the caller's context variables.  If a sync
     handler returns an awaitable it is awaited on the loop.
     """
-    if is_async_handler(fn):
-        return await fn(ctx)
-    context = contextvars.copy_context()
-    future = (executor or shared_executor()).submit(context.run, _run_unless_cancelled, fn, ctx)
-    ctx._thread_future = future
+    current = _CURRENT_STEP.set(ctx)
     try:
-        result = await asyncio.wrap_future(future)
+        if is_async_handler(fn):
+            return await fn(ctx)
+        context = contextvars.copy_context()
+        future = (executor or shared_executor()).submit(context.run, _run_unless_cancelled, fn, ctx)
+        ctx._thread_future = future
+        try:
+            result = await asyncio.wrap_future(future)
+        finally:
+            ctx._thread_future = None
+        if inspect.isawaitable(result):
+            result = await result
+        return result
     finally:
-        ctx._thread_future = None
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+        _CURRENT_STEP.reset(current)
 
 
 def _run_unless_cancelled(fn: Handler, ctx: StepContext) -> Any:
