@@ -130,6 +130,10 @@ Global:
                                     admission skips the instance (circuit breaker).
 ``air:sruns:open``          zset    non-terminal shared runs (reconciler). shared_runs.
 ``air:sruns:finished``      zset    terminal shared runs by finish time (retention).
+``air:archive:sruns``       zset    terminal shared runs not yet archived (score = finish
+                                    ms): SharedRunStore.transition adds in the same
+                                    transaction, the control plane's SharedRunArchiver
+                                    removes after upsert_shared_run.
 ``air:delivery-failures:<inst>`` hash consecutive delivery failures / past suspicions of an
                                     instance (TTL), behind its suspect mark. control plane.
 ==========================  ======  ========================================================
@@ -383,6 +387,11 @@ def shared_runs_open() -> str:
 def shared_runs_finished() -> str:
     """Shared runs in a terminal status (zset, score = finished ms): what retention prunes."""
     return f"{PREFIX}:sruns:finished"
+
+
+def shared_run_archive_outbox() -> str:
+    """Terminal shared runs waiting for the control plane's archiver (zset)."""
+    return f"{PREFIX}:archive:sruns"
 
 
 def delivery_failures(instance_id: str) -> str:
