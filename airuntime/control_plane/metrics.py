@@ -25,19 +25,7 @@ class ControlPlaneMetrics:
         self.control_plane = cp = control_plane
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.archive_backlog = Gauge(
-            "airuntime_archive_backlog",
-            "Finished executions and shared runs not yet in the durable history.",
-            ["kind"],
-            registry=r,
-        )
-        self.archive_errors = Counter(
-            "airuntime_archive_errors_total",
-            "Archive passes that failed (the history unavailable, ...).",
-            ["kind"],
-            registry=r,
-        )
-        self._archive_errors_seen = {"execution": 0, "shared_run": 0}
+        self._archive_metrics(r)
         self.queue_depth = Gauge(
             "airuntime_shared_queue_depth", "Pending shared-queue items.", ["tenant"], registry=r
         )
@@ -141,6 +129,21 @@ class ControlPlaneMetrics:
         instances = [d.instance_id for d in await cp.registry.list_all()]
         suspect, _ = await cp.suspects.state(instances)
         self.suspect_instances.set(len(suspect))
+
+    def _archive_metrics(self, r: CollectorRegistry) -> None:
+        self.archive_backlog = Gauge(
+            "airuntime_archive_backlog",
+            "Finished executions and shared runs not yet in the durable history.",
+            ["kind"],
+            registry=r,
+        )
+        self.archive_errors = Counter(
+            "airuntime_archive_errors_total",
+            "Archive passes that failed (the history unavailable, ...).",
+            ["kind"],
+            registry=r,
+        )
+        self._archive_errors_seen = {"execution": 0, "shared_run": 0}
 
     async def _refresh_archive(self) -> None:
         cp = self.control_plane

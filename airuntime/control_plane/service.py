@@ -193,23 +193,22 @@ class ControlPlane:
         self.reconciler = Reconciler(
             self.runs, self.queue, self.run_index, interval_s=s.reconcile_interval_s
         )
-        self.history = history if s.archiver_enabled else None
-        self.archiver = ExecutionArchiver(redis, self.history) if self.history else None
-        self.run_archiver = (
-            SharedRunArchiver(redis, self.runs, self.history) if self.history else None
-        )
-        if retention_policy is None:
-            retention_policy = (
-                ArchivingRetentionPolicy(self.history, s.retention_s)
-                if self.history
+        self._archiving(history if s.archiver_enabled else None, retention_policy)
+
+    def _archiving(self, history: HistoryStore | None, policy: RetentionPolicy | None) -> None:
+        """The archivers (with a history store) and retention, archive-first then."""
+        s, redis = self.settings, self.redis
+        self.history = history
+        self.archiver = ExecutionArchiver(redis, history) if history else None
+        self.run_archiver = SharedRunArchiver(redis, self.runs, history) if history else None
+        if policy is None:
+            policy = (
+                ArchivingRetentionPolicy(history, s.retention_s)
+                if history
                 else RetentionPolicy(s.retention_s)
             )
         self.retention = Retention(
-            redis,
-            self.runs,
-            self.scale_outs,
-            retention_policy,
-            interval_s=s.retention_interval_s,
+            redis, self.runs, self.scale_outs, policy, interval_s=s.retention_interval_s
         )
 
     def provider(self, instance: InstanceDescriptor) -> RuntimeProvider:
