@@ -118,7 +118,8 @@ import redis
 
 from airuntime.core import keys
 from airuntime.core.redis_client import connect
-from airuntime.devstack.embedded import ENV_VAR, EmbeddedServer
+from airuntime.core.settings import REDIS_URL_ENV as ENV_VAR
+from airuntime.devstack.embedded import EmbeddedServer
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.pipeline import Plan, compile_pipeline, parse_pipeline
 

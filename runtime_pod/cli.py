@@ -29,6 +29,8 @@ from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceSettings
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
+from airuntime.history import HistorySettings, HistoryStore, open_history_store
+from airuntime.history.payloads import payload_offload
 from runtime_pod.environment import scrub_secrets
 from runtime_pod.host import RuntimeHost
 from runtime_pod.settings_store import SettingsError, SettingsStore, default_settings_path
@@ -130,6 +132,7 @@ async def _serve(
     url: str, settings: InstanceSettings, instances: int, store: SettingsStore
 ) -> None:
     redis = connect(url, client_name="airt-runtime")
+    history = await _payload_history()
     host = RuntimeHost(
         redis,
         settings.instance_config(),
@@ -140,6 +143,7 @@ async def _serve(
         advertise_host=settings.advertise_host,
         wait_for_control_plane_s=settings.wait_for_control_plane_s,
         token=settings.runtime_token.get_secret_value() if settings.runtime_token else None,
+        payloads=payload_offload(history) if history is not None else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -157,6 +161,18 @@ async def _serve(
     finally:
         await host.stop()
         await redis.aclose()
+        if history is not None:
+            await history.close()
+
+
+async def _payload_history() -> HistoryStore | None:
+    """The durable store large step outputs go to: only with AIRUNTIME_HISTORY_DSN set
+    (a runtime pod's home is not where the history lives); otherwise outputs stay in
+    Redis."""
+    settings = HistorySettings()
+    if not settings.history_dsn or settings.payload_threshold_bytes <= 0:
+        return None
+    return await open_history_store(settings=settings)
 
 
 # ignore_unknown_options: a negative VALUE ("-1") is an argument to validate and

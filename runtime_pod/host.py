@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from airuntime.core import keys
 from airuntime.core.errors import ConfigError
 from airuntime.engine.handlers import HandlerRegistry
+from airuntime.engine.payloads import PayloadOffload
 from airuntime.fleet.discovery import resolve_control_plane_id
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceConfig
 from runtime_pod.http_api import host_router
@@ -60,7 +61,11 @@ class RuntimeHost:
         settings_store: SettingsStore | None = None,
         handlers: HandlerRegistry | None = None,
         token: str | None = None,
+        payloads: PayloadOffload | None = None,
     ) -> None:
+        self.payloads = payloads
+        """Large outputs to the durable payload store (``airt runtime`` opens the history);
+        None: every output stays in Redis."""
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances}")
         if config.provider == "http" and not token:
@@ -120,6 +125,7 @@ class RuntimeHost:
                 handlers=self.handlers,
                 slots=slots,
                 hooks=hooks,
+                payloads=self.payloads,
             )
             inst.pool.observer = hooks.on_step
             inst.control_plane_id = self.control_plane_id

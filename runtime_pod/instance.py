@@ -42,6 +42,7 @@ from airuntime.core.supervision import Backoff, LoopContext, Supervisor, log_tas
 from airuntime.core.tasks import cancel_and_wait
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
+from airuntime.engine.payloads import PayloadOffload
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.fleet.instance_settings import InstanceConfig
 from airuntime.fleet.registry import (
@@ -116,6 +117,7 @@ class RuntimeInstance:
         slots: StepSlotController | None = None,
         hooks: InstanceHooks | None = None,
         backoff: Backoff | None = None,
+        payloads: PayloadOffload | None = None,
     ) -> None:
         self.redis = redis
         self.config = config
@@ -134,6 +136,7 @@ class RuntimeInstance:
             pool_id=f"{instance_id}@{socket.gethostname()}",
             slots=self.slots,
             observer=self.hooks.on_step,
+            payloads=payloads,
         )
         self.supervisor = Supervisor(
             f"runtime {instance_id}", backoff=backoff, on_error=self.loop_failed

@@ -99,6 +99,7 @@ class Participation:
                     context=self.record.snapshot,
                     inputs=self.request.inputs,
                     retention_s=self.inst.config.run_retention_s,
+                    archive_hold_s=self.inst.config.archive_hold(),
                 ),
             )
         except AirError as exc:

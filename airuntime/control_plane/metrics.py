@@ -25,6 +25,7 @@ class ControlPlaneMetrics:
         self.control_plane = cp = control_plane
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._archive_metrics(r)
         self.queue_depth = Gauge(
             "airuntime_shared_queue_depth", "Pending shared-queue items.", ["tenant"], registry=r
         )
@@ -113,6 +114,7 @@ class ControlPlaneMetrics:
 
     async def refresh(self) -> None:
         cp = self.control_plane
+        await self._refresh_archive()
         for name, health in cp.supervisor.loops.items():
             self.loop_errors.labels(name)  # every loop has a series, 0 until it fails
             self.loop_healthy.labels(name).set(1 if health.healthy else 0)
@@ -127,3 +129,30 @@ class ControlPlaneMetrics:
         instances = [d.instance_id for d in await cp.registry.list_all()]
         suspect, _ = await cp.suspects.state(instances)
         self.suspect_instances.set(len(suspect))
+
+    def _archive_metrics(self, r: CollectorRegistry) -> None:
+        self.archive_backlog = Gauge(
+            "airuntime_archive_backlog",
+            "Finished executions and shared runs not yet in the durable history.",
+            ["kind"],
+            registry=r,
+        )
+        self.archive_errors = Counter(
+            "airuntime_archive_errors_total",
+            "Archive passes that failed (the history unavailable, ...).",
+            ["kind"],
+            registry=r,
+        )
+        self._archive_errors_seen = {"execution": 0, "shared_run": 0}
+
+    async def _refresh_archive(self) -> None:
+        cp = self.control_plane
+        if cp.archiver is None or cp.run_archiver is None:
+            return
+        for kind, backlog, errors in (
+            ("execution", await cp.archiver.backlog(), cp.archiver.stats.errors),
+            ("shared_run", await cp.run_archiver.backlog(), cp.run_archiver.stats.errors),
+        ):
+            self.archive_backlog.labels(kind).set(backlog)
+            self.archive_errors.labels(kind).inc(errors - self._archive_errors_seen[kind])
+            self._archive_errors_seen[kind] = errors

@@ -7,7 +7,9 @@ and possibly scale-out records; without pruning Redis grows with every submissio
 
 * terminal shared runs (by the time they finished: ``air:sruns:finished``) with every
   index entry (``air:sruns``, ``air:sruns:tenant:<t>``, open/finished) and their queue
-  item (``air:{squeue}:item:<SRID>``);
+  item (``air:{squeue}:item:<SRID>``) and its archive-queue entry; with archiving on
+  (:class:`~airuntime.control_plane.archive.ArchivingRetentionPolicy`) only once the
+  durable history has the run;
 * scale-out requests filed before the window that are finished (or whose run is gone),
   with their index entry; requests that failed or were fulfilled and requeued count as
   finished;
@@ -132,6 +134,7 @@ class Retention:
         pipe.zrem(keys.shared_runs_finished(), srid)
         pipe.zrem(keys.squeue_pending(), srid)
         pipe.zrem(keys.squeue_claimed(), srid)
+        pipe.zrem(keys.shared_run_archive_outbox(), srid)
         if run is not None:
             pipe.zrem(keys.shared_runs_by_tenant(run.snapshot.tenant_id), srid)
         await pipe.execute()

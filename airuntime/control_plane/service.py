@@ -2,7 +2,8 @@
 
 :class:`ControlPlane` wires the shared run store, the shared queue, admission, the
 dispatcher and pump, scale-out (watcher and fulfilled-run requeuer), the end of runs
-(outcome reader and reconciler) and retention. Submit modes:
+(outcome reader and reconciler), retention and -- given a history store -- the
+archivers (executions and shared runs into the durable history). Submit modes:
 
 * ``QueueFirst`` — the run becomes QueuedGlobally with a Pending queue item; no
   RunId, no ExecutionId until a pump dispatches it;
@@ -11,9 +12,10 @@ dispatcher and pump, scale-out (watcher and fulfilled-run requeuer), the end of 
 
 Every background loop runs under one :class:`~airuntime.core.supervision.Supervisor`
 (``discovery``, ``pump``, ``scale-out-watcher``, ``requeuer``, ``outcomes``,
-``reconciler``, ``retention``): a loop that fails -- Redis restarting, a runtime
-frozen mid-delivery -- is logged, counted (``airuntime_loop_errors_total``) and
-restarted with jittered backoff, and ``/readyz`` names it until it works again.
+``reconciler``, ``retention``, ``archiver``, ``shared-run-archiver``): a loop that
+fails -- Redis restarting, a runtime frozen mid-delivery -- is logged, counted
+(``airuntime_loop_errors_total``) and restarted with jittered backoff, and
+``/readyz`` names it until it works again.
 
 Whether manual drain is allowed and whether the background pump (with its readiness
 gate) runs are fields of :class:`~airuntime.control_plane.settings.ControlPlaneSettings`.
@@ -31,6 +33,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from airuntime.control_plane.admission import Admission, Assign, Decision
+from airuntime.control_plane.archive import ArchivingRetentionPolicy, SharedRunArchiver
 from airuntime.control_plane.delivery import Deliveries
 from airuntime.control_plane.dispatch import (
     DispatchObserver,
@@ -70,6 +73,8 @@ from airuntime.fleet.providers import LocalProvider, RuntimeProvider
 from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRecord, RunStatus
+from airuntime.history.archiver import ExecutionArchiver
+from airuntime.history.store import HistoryStore
 
 DISCOVERY_INTERVAL_S = 3.0
 
@@ -137,6 +142,7 @@ class ControlPlane:
         observer: DispatchObserver | None = None,
         worker_id: str = "pump-0",
         retention_policy: RetentionPolicy | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
         self.redis = redis
         self.settings = s = settings or ControlPlaneSettings()
@@ -188,12 +194,22 @@ class ControlPlane:
         self.reconciler = Reconciler(
             self.runs, self.queue, self.run_index, interval_s=s.reconcile_interval_s
         )
+        self._archiving(history if s.archiver_enabled else None, retention_policy)
+
+    def _archiving(self, history: HistoryStore | None, policy: RetentionPolicy | None) -> None:
+        """The archivers (with a history store) and retention, archive-first then."""
+        s, redis = self.settings, self.redis
+        self.history = history
+        self.archiver = ExecutionArchiver(redis, history) if history else None
+        self.run_archiver = SharedRunArchiver(redis, self.runs, history) if history else None
+        if policy is None:
+            policy = (
+                ArchivingRetentionPolicy(history, s.retention_s)
+                if history
+                else RetentionPolicy(s.retention_s)
+            )
         self.retention = Retention(
-            redis,
-            self.runs,
-            self.scale_outs,
-            retention_policy or RetentionPolicy(s.retention_s),
-            interval_s=s.retention_interval_s,
+            redis, self.runs, self.scale_outs, policy, interval_s=s.retention_interval_s
         )
 
     def provider(self, instance: InstanceDescriptor) -> RuntimeProvider:
@@ -215,6 +231,9 @@ class ControlPlane:
         sup.start("outcomes", self.outcomes.run)
         sup.start("reconciler", self.reconciler.run)
         sup.start("retention", self.retention.run)
+        if self.archiver is not None and self.run_archiver is not None:
+            sup.start("archiver", self.archiver.run)
+            sup.start("shared-run-archiver", self.run_archiver.run)
 
     async def stop(self) -> None:
         await self.supervisor.stop()

@@ -83,6 +83,10 @@ class _BehaviourFields(BaseModel):
     retention_s: float = Field(default=7 * 24 * 3600, gt=0)
     """How long terminal shared runs, their queue items and scale-out records are kept
     (default 7 days, counted from the end of the run)."""
+    archiver_enabled: bool = True
+    """Archive finished executions and shared runs into the durable history
+    (AIRUNTIME_HISTORY_DSN) and delete shared runs from Redis only once archived
+    (default true; needs a history store)."""
     retention_interval_s: float = Field(default=60.0, gt=0)
     """Seconds between retention passes (default 60)."""
     reconcile_interval_s: float = Field(default=30.0, gt=0)

@@ -238,10 +238,9 @@ class SharedRunStore:
         def index(pipe: Any, before: SharedRun, after: SharedRun) -> None:
             if after.status.terminal:
                 pipe.zrem(keys.shared_runs_open(), after.shared_run_id)
-                pipe.zadd(
-                    keys.shared_runs_finished(),
-                    {after.shared_run_id: after.finished_at_ms or after.updated_at_ms},
-                )
+                finished = {after.shared_run_id: after.finished_at_ms or after.updated_at_ms}
+                pipe.zadd(keys.shared_runs_finished(), finished)
+                pipe.zadd(keys.shared_run_archive_outbox(), finished, nx=True)
 
         key = keys.shared_run(shared_run_id)
         updated = await update_record(self.redis, key, SharedRun, apply, also=index)

@@ -4,13 +4,17 @@ Keeping the schema in one module makes it reviewable (this docstring is the tabl
 keeps Lua scripts and Python in agreement about key order, and keeps every key of
 one execution in one hash slot (``{e:<ExecutionId>}``) so multi-key scripts work on
 Redis Cluster. The exception are the two execution indexes (``air:executions``,
-``air:executions:active``): the scripts that create or finalize an execution also
-update them, atomically with the transition, so an index never names an execution
-that is not there or forgets one that is; on Redis Cluster those scripts (``-22`` and
-``-23`` key counts, :meth:`ExecutionKeys.for_script`) span two or three slots.
+``air:executions:active``) and the archive outbox (``air:archive:outbox``): the
+scripts that create or finalize an execution also update them, atomically with the
+transition, so an index never names an execution that is not there or forgets one
+that is, and a finalized execution is queued for the archiver exactly once; on Redis
+Cluster those scripts (``-23`` and ``-24`` key counts,
+:meth:`ExecutionKeys.for_script`) span more than one slot, like ``settleArchive-22``.
 
-Per execution (hash tag ``{e:<eid>}``; all get the execution's retention TTL when the
-execution is finalized; before that they have no TTL):
+Per execution (hash tag ``{e:<eid>}``; no TTL before finalization. Archiving off: all
+get the retention TTL when the execution is finalized. Archiving on (``archive_hold_s``
+in meta): finalization gives them the fallback TTL ``archive_hold_s``, and the archiver
+sets the retention TTL once the execution is durably archived):
 
 =====================================  ======  =====================================================
 key                                    type    content / written by
@@ -56,6 +60,12 @@ Global:
                                     whose execution keys expired. Its owner is the engine.
 ``air:executions:active``   zset    non-terminal executions: createExecution adds, the
                                     script that finalizes removes (``finalize`` include).
+``air:archive:outbox``      zset    finalized executions not yet archived, score = when
+                                    due (ms; a claim moves it to the claim lease's
+                                    expiry). The ``finalize`` include adds (once, NX) and
+                                    trims entries older than the hold (their keys are
+                                    gone); claimArchive-1 leases, settleArchive-22
+                                    removes after the durable write (history.archiver).
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
                                     lease expiry ms. acquireLease/renewLease/releaseLease.
 ``air:instances``           zset    runtime instance id -> heartbeat expiry ms (Redis time).
@@ -120,6 +130,10 @@ Global:
                                     admission skips the instance (circuit breaker).
 ``air:sruns:open``          zset    non-terminal shared runs (reconciler). shared_runs.
 ``air:sruns:finished``      zset    terminal shared runs by finish time (retention).
+``air:archive:sruns``       zset    terminal shared runs not yet archived (score = finish
+                                    ms): SharedRunStore.transition adds in the same
+                                    transaction, the control plane's SharedRunArchiver
+                                    removes after upsert_shared_run.
 ``air:delivery-failures:<inst>`` hash consecutive delivery failures / past suspicions of an
                                     instance (TTL), behind its suspect mark. control plane.
 ==========================  ======  ========================================================
@@ -178,8 +192,9 @@ class ExecutionKeys:
     def for_script(self, num_keys: int) -> list[str]:
         """KEYS of an execution script taking ``num_keys`` keys: the execution's keys
         (21), then ``air:executions:active`` (22: scripts that can finalize remove the
-        execution from it), then ``air:executions`` (23: ``createExecution`` lists it)."""
-        extra = [active_executions(), executions_index()]
+        execution from it), ``air:archive:outbox`` (23: ... and queue it for the
+        archiver), then ``air:executions`` (24: ``createExecution`` lists it)."""
+        extra = [active_executions(), archive_outbox(), executions_index()]
         base = len(EXECUTION_KEY_SUFFIXES)
         if not base <= num_keys <= base + len(extra):
             raise ValueError(f"no execution script takes {num_keys} keys")
@@ -232,6 +247,11 @@ def executions_index() -> str:
 
 def active_executions() -> str:
     return f"{PREFIX}:executions:active"
+
+
+def archive_outbox() -> str:
+    """Finalized executions waiting for the archiver (zset, score = due ms)."""
+    return f"{PREFIX}:archive:outbox"
 
 
 def lease_holders(scope: str) -> str:
@@ -367,6 +387,11 @@ def shared_runs_open() -> str:
 def shared_runs_finished() -> str:
     """Shared runs in a terminal status (zset, score = finished ms): what retention prunes."""
     return f"{PREFIX}:sruns:finished"
+
+
+def shared_run_archive_outbox() -> str:
+    """Terminal shared runs waiting for the control plane's archiver (zset)."""
+    return f"{PREFIX}:archive:sruns"
 
 
 def delivery_failures(instance_id: str) -> str:

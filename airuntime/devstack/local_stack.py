@@ -36,6 +36,7 @@ from airuntime.core.redis_client import connect
 from airuntime.core.settings import HOME_ENV
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
+from airuntime.history import open_history_store
 
 
 class TenantsFile(BaseModel):
@@ -94,7 +95,8 @@ async def serve_control_plane(
     scaler = scale_out_provider or (
         LocalScaler(redis, redis_url, runtime_token=token) if local_scaler else None
     )
-    cp = ControlPlane(redis, settings, scale_out_provider=scaler)
+    history = await open_history_store() if settings.archiver_enabled else None
+    cp = ControlPlane(redis, settings, scale_out_provider=scaler, history=history)
     metrics = ControlPlaneMetrics(cp)
     if tenants:
         await publish_tenants(cp.registry, tenants)
@@ -119,6 +121,8 @@ async def serve_control_plane(
         with contextlib.suppress(Exception):
             await serving
         await cp.stop()
+        if history is not None:
+            await history.close()
         if state is not None:
             with contextlib.suppress(FileNotFoundError):
                 state_file().unlink()

@@ -173,8 +173,9 @@ def _create_args(
     context: ExecutionContextSnapshot | None,
     run_inputs: Mapping[str, Any],
     retention_s: int,
+    archive_hold_s: int | None,
 ) -> list[Any]:
-    """ARGV of ``createExecution-21.lua``: the execution, then seven values per step."""
+    """ARGV of ``createExecution-24.lua``: the execution, then seven values per step."""
     args: list[Any] = [
         eid,
         plan.to_json(),
@@ -186,6 +187,7 @@ def _create_args(
         context.model_dump_json() if context else "",
         json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
         len(plan.steps),
+        "off" if archive_hold_s is None else archive_hold_s,
     ]
     for step in plan.steps:
         kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
@@ -251,11 +253,17 @@ class ExecutionStore:
         context: ExecutionContextSnapshot | None = None,
         inputs: Mapping[str, Any] | None = None,
         retention_s: int = DEFAULT_RETENTION_S,
+        archive_hold_s: int | None = None,
     ) -> str:
-        """Write a new execution (idempotent for the same id and plan) and return its id."""
+        """Write a new execution (idempotent for the same id and plan) and return its id.
+
+        ``archive_hold_s`` None: archiving off, finalization sets ``retention_s`` as the
+        keys' TTL. Otherwise finalization queues the execution on the archive outbox
+        and sets this fallback TTL (0: none); the archiver sets ``retention_s`` once it
+        has durably archived the execution."""
         eid = execution_id or f"ex-{uuid.uuid4().hex}"
         run_inputs = {**plan.inputs, **(inputs or {})}
-        args = _create_args(eid, plan, context, run_inputs, retention_s)
+        args = _create_args(eid, plan, context, run_inputs, retention_s, archive_hold_s)
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)

@@ -167,10 +167,14 @@ class StepRun:
             with contextlib.suppress(Exception):
                 await self.part.pool.leases.release(scope, holder)
 
-    def _context(self, step: PlanStep) -> StepContext:
+    async def _context(self, step: PlanStep) -> StepContext:
         claim, part = self.claim, self.part
+        outputs = claim.ref_outputs
+        payloads = part.pool.payloads
+        if payloads is not None and outputs:
+            outputs = await payloads.resolve(outputs, part.tenant_id)
         try:
-            inputs = resolve(step.inputs, claim.ref_outputs, part.run_inputs)
+            inputs = resolve(step.inputs, outputs, part.run_inputs)
         except Exception as exc:
             raise NonRetryableError(f"step {step.id!r}: {exc}") from exc
         return StepContext(
@@ -187,7 +191,7 @@ class StepRun:
     async def _execute(self, step: PlanStep) -> str:
         pool = self.part.pool
         handler = pool.registry.get(step.handler)
-        ctx = self.ctx = self._context(step)
+        ctx = self.ctx = await self._context(step)
         self.in_handler = True
         try:
             if pool.slots is not None:
@@ -200,7 +204,10 @@ class StepRun:
             raise TimeoutError(f"step {step.id!r} timed out after {step.timeout_s} s") from exc
         finally:
             self.in_handler = False
-        return _output_json(step, output, self.part.settings.max_output_bytes)
+        text = _output_json(step, output, self.part.settings.max_output_bytes)
+        if pool.payloads is not None:
+            text = await pool.payloads.offload(self.part.tenant_id, self.part.eid, step.id, text)
+        return text
 
     async def _report_failure(self, step: PlanStep, exc: BaseException) -> None:
         claim, part = self.claim, self.part

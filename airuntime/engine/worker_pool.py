@@ -33,6 +33,7 @@ from airuntime.engine.control_feed import ControlFeed
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.participation import Participation
+from airuntime.engine.payloads import PayloadOffload
 from airuntime.engine.pool_settings import (
     AttemptOutcome,
     PoolSettings,
@@ -71,8 +72,11 @@ class WorkerPool:
         policies: Sequence[AdmissionPolicy] = (ZeroLimitPolicy(),),
         slots: StepSlots | None = None,
         observer: StepObserver | None = None,
+        payloads: PayloadOffload | None = None,
     ) -> None:
         self.store = store
+        self.payloads = payloads
+        """Large outputs to a durable payload store (None: every output stays in Redis)."""
         self.registry = registry or default_registry()
         self.settings = settings or PoolSettings()
         self.pool_id = pool_id or default_pool_id()

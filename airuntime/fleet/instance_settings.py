@@ -73,6 +73,21 @@ class _InstanceFields(BaseModel):
     run_retention_s: int = Field(default=DEFAULT_RUN_RETENTION_S, ge=1)
     """Seconds a finished run stays in Redis (its record, index entries, SharedRunId
     mapping and execution) before it expires (default 604800, 7 days)."""
+    archive: bool = True
+    """Queue every finished execution on the archive outbox (default true): its keys
+    then stay until the archiver (the control plane's) has written it to the durable
+    history, and expire run_retention_s after that. False: they expire run_retention_s
+    after finalization and nothing is archived."""
+    archive_hold_s: int | None = Field(default=None, ge=0)
+    """With archive on, how long a finished execution's keys are held when no archiver
+    takes them (the fallback TTL; default 2 x run_retention_s), so a system without
+    an archiver never leaks."""
+
+    def archive_hold(self) -> int | None:
+        """The fallback TTL for ``ExecutionStore.create`` (None: archiving off)."""
+        if not self.archive:
+            return None
+        return self.archive_hold_s if self.archive_hold_s is not None else 2 * self.run_retention_s
 
     @model_validator(mode="after")
     def _consistent(self) -> _InstanceFields:

@@ -29,10 +29,10 @@ def test_every_script_documents_its_keys_arguments_and_returns(path: Path) -> No
     highest = max((int(m) for m in re.findall(r"KEYS\[(\d+)\]", body)), default=0)
     assert uses_exec_keys or highest == n, f"{path.name} uses KEYS[{highest}] but is named -{n}"
     if uses_exec_keys:
-        # 21 execution keys; + the active index for scripts that can finalize; + the
-        # listing index for the one that creates.
-        expected = 21 + ('--- @include "finalize"' in body) + (path.stem.startswith("create"))
-        expected += path.stem.startswith("create")
+        # 21 execution keys; + the active index and the archive outbox for scripts that
+        # can finalize; + those and the listing index for the one that creates.
+        expected = 21 + 2 * ('--- @include "finalize"' in body)
+        expected += 3 * path.stem.startswith("create")
         assert n == expected, f"{path.name} should take {expected} keys"
 
 

@@ -3,8 +3,9 @@
 -- Every include that reads or writes execution state takes this table as its first
 -- argument; `all` holds the 21 per-execution keys (finalization sets the retention
 -- TTL on each). Scripts that can finalize get KEYS[22] `activeIndex`
--- (air:executions:active) and createExecution also KEYS[23] `listIndex`
--- (air:executions); both are nil for the 21-key scripts.
+-- (air:executions:active) and KEYS[23] `archiveOutbox` (air:archive:outbox);
+-- createExecution also KEYS[24] `listIndex` (air:executions); all are nil for the
+-- 21-key scripts.
 local function execKeys(keys)
   local own = {}
   for i = 1, 21 do own[i] = keys[i] end
@@ -32,6 +33,7 @@ local function execKeys(keys)
     events = keys[20],
     snapshot = keys[21],
     activeIndex = keys[22],
-    listIndex = keys[23],
+    archiveOutbox = keys[23],
+    listIndex = keys[24],
   }
 end

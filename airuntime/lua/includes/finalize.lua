@@ -1,9 +1,15 @@
 --- @include "emit"
 -- Idempotent finalization. Decides whether the execution is terminal and, the
 -- first time it is, settles every unfinished step, writes the terminal snapshot,
--- appends `execution_finalized`, applies the retention TTL to the execution's own
--- keys and removes the execution from the active index (`ek.activeIndex`, which
--- every script that includes this one receives as KEYS[22]). Cancellation wins:
+-- appends `execution_finalized`, removes the execution from the active index
+-- (`ek.activeIndex`, KEYS[22] of every script that includes this one) and then either
+-- applies the retention TTL to the execution's own keys (archiving off: no
+-- `archive_hold_s` in meta) or queues the execution on the archive outbox
+-- (`ek.archiveOutbox`, KEYS[23]; zset, score = when it is due) and applies the
+-- fallback TTL `archive_hold_s` instead: the archiver sets the retention TTL once the
+-- execution is durably archived, and a system without an archiver still forgets it.
+-- Outbox entries older than the hold name executions whose keys are gone; they are
+-- trimmed here, so the outbox stays bounded with no archiver. Cancellation wins:
 -- a cancel requested before finalization ends Cancelled even if every step completed.
 -- finalizeIfDone returns the terminal status, or false when the execution is not
 -- terminal yet.
@@ -86,7 +92,7 @@ end
 
 local function finalizeIfDone(ek, now)
   local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'done', 'total',
-    'failed', 'retention_s', 'execution_id')
+    'failed', 'retention_s', 'execution_id', 'archive_hold_s')
   if m[1] and m[1] ~= '' then return m[1] end
   local done = tonumber(m[5] or '0')
   local total = tonumber(m[6] or '0')
@@ -105,6 +111,13 @@ local function finalizeIfDone(ek, now)
   emit(ek, 'type', 'execution_finalized', 'status', final)
   redis.call('ZREM', ek.activeIndex, m[9])
   local ttl = tonumber(m[8] or '0')
+  if m[10] then
+    ttl = tonumber(m[10])
+    redis.call('ZADD', ek.archiveOutbox, 'NX', now, m[9])
+    if ttl > 0 then
+      redis.call('ZREMRANGEBYSCORE', ek.archiveOutbox, '-inf', string.format('(%d', now - ttl * 1000))
+    end
+  end
   if ttl and ttl > 0 then
     for i = 1, #ek.all do redis.call('EXPIRE', ek.all[i], ttl) end
   end

@@ -8,7 +8,8 @@
 
   Input:
     KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES)
-    KEYS[22] air:executions:active   KEYS[23] air:executions
+    KEYS[22] air:executions:active   KEYS[23] air:archive:outbox (not written here)
+    KEYS[24] air:executions
     ARGV[1]  execution id
     ARGV[2]  plan JSON
     ARGV[3]  plan digest
@@ -19,7 +20,11 @@
     ARGV[8]  execution context snapshot JSON
     ARGV[9]  run inputs JSON
     ARGV[10] number of steps N
-    ARGV[11 + 7*(i-1) .. ] per step: id, order, number of dependencies,
+    ARGV[11] archive hold, seconds: '' or 'off' = archiving off (finalization sets the
+             retention TTL); otherwise finalization queues the execution on the
+             archive outbox and sets this fallback TTL ('0' = none) -- the archiver
+             sets the retention TTL once the execution is durably archived
+    ARGV[12 + 7*(i-1) .. ] per step: id, order, number of dependencies,
              children (comma-separated), refs (comma-separated), kind ('' | t | i),
              max attempts
 
@@ -50,11 +55,14 @@ redis.call('HSET', ek.meta,
   'context', ARGV[8], 'inputs', ARGV[9], 'total', n, 'done', 0, 'completed', 0,
   'failed', 0, 'skipped', 0, 'cancelled', 0, 'running', 0, 'waiting_input', 0,
   'claim_seq', 0, 'created_at', now, 'status', 'Running')
+if ARGV[11] ~= '' and ARGV[11] ~= 'off' then
+  redis.call('HSET', ek.meta, 'archive_hold_s', ARGV[11])
+end
 redis.call('SET', ek.plan, ARGV[2])
 
 local roots = {}
 for i = 0, n - 1 do
-  local base = 11 + 7 * i
+  local base = 12 + 7 * i
   local step = ARGV[base]
   redis.call('HSET', ek.status, step, 'pending')
   redis.call('HSET', ek.order, step, ARGV[base + 1])

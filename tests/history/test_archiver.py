@@ -1,0 +1,205 @@
+"""The archive pipeline on real Valkey/Redis and real SQLite/PostgreSQL.
+
+Finalization queues an execution on the outbox once and holds its keys with the
+fallback TTL; the archiver writes exactly what Redis held, then settles (out of the
+outbox, retention TTL); a crash between the write and the settle re-archives the same
+rows; a history that is down blocks no execution and the archive catches up later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from airuntime.core import keys
+from airuntime.core.supervision import Backoff, Supervisor
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.worker_pool import PoolSettings, WorkerPool
+from airuntime.history import HistoryStore, open_history_store
+from airuntime.history.archiver import ExecutionArchiver, capture_execution
+from airuntime.history.dsn import parse_dsn
+from airuntime.history.migrate import upgrade
+from tests.dags import plan_of
+from tests.history.conftest import settings
+from tests.history.hot import assert_archived_equals, run_executions
+from tests.postgres import POSTGRES_MISSING, PostgresServer, postgres_bin_dir, running_postgres
+from tests.runtime.support import eventually
+
+HOLD_S = 3600
+RETENTION_S = 60
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A server of this test's own: it is stopped and started again."""
+    if postgres_bin_dir() is None:
+        pytest.skip(POSTGRES_MISSING)
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def history(store: HistoryStore) -> HistoryStore:
+    """The durable store (SQLite and PostgreSQL: ``store`` is parametrized)."""
+    return store
+
+
+async def _outbox(redis: Redis) -> dict[str, float]:
+    return {
+        m.decode(): s for m, s in await redis.zrange(keys.archive_outbox(), 0, -1, withscores=True)
+    }
+
+
+async def test_finalization_queues_once_and_holds_the_keys(redis: Redis) -> None:
+    store = ExecutionStore(redis)
+    eid = await store.create(
+        plan_of({"a": [], "b": ["a"]}), retention_s=RETENTION_S, archive_hold_s=HOLD_S
+    )
+    assert await _outbox(redis) == {}, "nothing is queued before finalization"
+    await WorkerPool(store, settings=PoolSettings(workers=2)).run(eid)
+    # Finalization is idempotent: more finalizing calls do not queue it again.
+    for _ in range(3):
+        assert await store.finalize(eid) == "Succeeded"
+    outbox = await _outbox(redis)
+    assert list(outbox) == [eid]
+    assert outbox[eid] == (await store.info(eid)).finished_at_ms
+    ttl = await redis.ttl(keys.execution_keys(eid).meta)
+    assert RETENTION_S < ttl <= HOLD_S, "the fallback hold, not the retention window"
+
+
+async def test_archiving_off_keeps_the_retention_ttl_and_queues_nothing(redis: Redis) -> None:
+    store = ExecutionStore(redis)
+    eid = await store.create(plan_of({"a": []}), retention_s=RETENTION_S)
+    await WorkerPool(store, settings=PoolSettings(workers=1)).run(eid)
+    assert await _outbox(redis) == {}
+    assert 0 < await redis.ttl(keys.execution_keys(eid).meta) <= RETENTION_S
+
+
+async def test_the_outbox_forgets_entries_older_than_the_hold(redis: Redis) -> None:
+    """With no archiver at all the outbox stays bounded: a finalization trims entries
+    whose keys' hold has passed (they can no longer be archived)."""
+    store = ExecutionStore(redis)
+    await redis.zadd(keys.archive_outbox(), {"ex-ancient": 1_000})
+    eid = await store.create(plan_of({"a": []}), retention_s=1, archive_hold_s=5)
+    await WorkerPool(store, settings=PoolSettings(workers=1)).run(eid)
+    assert list(await _outbox(redis)) == [eid]
+
+
+async def test_archive_equals_what_redis_held_then_settles(
+    redis: Redis, history: HistoryStore
+) -> None:
+    eids = await run_executions(redis, 5, retention_s=RETENTION_S, hold_s=HOLD_S)
+    hot = {eid: await capture_execution(redis, eid) for eid in eids}
+    archiver = ExecutionArchiver(redis, history)
+    assert await archiver.backlog() == 5
+    assert await archiver.archive_once() == 5
+    assert await archiver.backlog() == 0
+    for eid in eids:
+        await assert_archived_equals(history, hot[eid])
+        assert 0 < await redis.ttl(keys.execution_keys(eid).events) <= RETENTION_S
+    assert archiver.stats.archived == 5
+    assert await archiver.archive_once() == 0, "settled entries are never archived again"
+
+
+class _CrashAfterWrite(ExecutionArchiver):
+    """Dies between the durable write and the settle (a killed process)."""
+
+    async def settle(self, execution_id: str) -> None:
+        raise asyncio.CancelledError
+
+
+async def test_a_crash_between_write_and_settle_rearchives_idempotently(
+    redis: Redis, history: HistoryStore
+) -> None:
+    (eid,) = await run_executions(redis, 1, retention_s=RETENTION_S, hold_s=HOLD_S)
+    hot = await capture_execution(redis, eid)
+    crashing = _CrashAfterWrite(redis, history, lease_ms=200)
+    with pytest.raises(asyncio.CancelledError):
+        await crashing.archive_once()
+    assert await history.get_execution(eid, None) is not None, "written before the crash"
+    assert list(await _outbox(redis)) == [eid], "not settled: still in the outbox"
+    assert await redis.ttl(keys.execution_keys(eid).meta) > RETENTION_S
+    survivor = ExecutionArchiver(redis, history, lease_ms=200)
+    assert await survivor.lease() == [], "leased by the dead archiver until its lease ends"
+    deadline = asyncio.get_running_loop().time() + 10
+    while await survivor.archive_once() == 0:
+        assert asyncio.get_running_loop().time() < deadline, "the lease never ran out"
+        await asyncio.sleep(0.05)
+    await assert_archived_equals(history, hot)
+    page = await history.events(eid, None, limit=1000)
+    assert page is not None
+    assert len(page.events) == len(hot.events), "one row set, not two"  # type: ignore[union-attr]
+    assert await _outbox(redis) == {}
+    assert 0 < await redis.ttl(keys.execution_keys(eid).meta) <= RETENTION_S
+
+
+async def _archived(history: HistoryStore, eids: list[str]) -> bool:
+    return all([await history.get_execution(e, None) is not None for e in eids])
+
+
+async def test_history_down_blocks_nothing_and_the_archive_catches_up(
+    redis: Redis, tmp_path: Path
+) -> None:
+    """A SQLite file held by another writer (a real lock, not a fake store): runs still
+    complete, the backlog grows, the loop reports unhealthy, then catches up."""
+    path = tmp_path / "history.db"
+    history = await open_history_store(
+        f"sqlite:///{path}", settings=settings(history_timeout_s=0.2)
+    )
+    archiver = ExecutionArchiver(redis, history, lease_ms=300, idle_s=0.05)
+    supervisor = Supervisor("test", backoff=Backoff(0.05, 0.2))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        supervisor.start("archiver", archiver.run)
+        eids = await run_executions(redis, 4, retention_s=RETENTION_S, hold_s=HOLD_S)
+        hot = [await capture_execution(redis, e) for e in eids]
+        assert await archiver.backlog() == 4, "the outbox holds the work"
+        await eventually(lambda: _errors(archiver), "the archiver failed against the lock")
+        assert "archiver" in supervisor.unhealthy()
+        other.execute("ROLLBACK")
+        await eventually(lambda: _drained(archiver), "the archive caught up", timeout=30)
+        for captured in hot:
+            await assert_archived_equals(history, captured)
+        assert supervisor.unhealthy() == []
+    finally:
+        other.close()
+        await supervisor.stop()
+        await history.close()
+
+
+async def _errors(archiver: ExecutionArchiver) -> bool:
+    return archiver.stats.errors > 0
+
+
+async def _drained(archiver: ExecutionArchiver) -> bool:
+    return await archiver.backlog() == 0
+
+
+async def test_stopped_postgresql_blocks_nothing_and_the_archive_catches_up(
+    redis: Redis, own_postgres: PostgresServer
+) -> None:
+    dsn = own_postgres.create_database("history")
+    upgrade(parse_dsn(dsn))
+    history = await open_history_store(dsn, settings=settings(history_timeout_s=1.0))
+    archiver = ExecutionArchiver(redis, history, lease_ms=300, idle_s=0.05)
+    supervisor = Supervisor("test", backoff=Backoff(0.05, 0.5))
+    try:
+        own_postgres.stop()
+        supervisor.start("archiver", archiver.run)
+        eids = await run_executions(redis, 3, retention_s=RETENTION_S, hold_s=HOLD_S)
+        hot = [await capture_execution(redis, e) for e in eids]
+        await eventually(lambda: _errors(archiver), "the archiver failed: server stopped")
+        assert await archiver.backlog() == 3
+        own_postgres.start()
+        await eventually(lambda: _drained(archiver), "the archive caught up", timeout=90)
+        for captured in hot:
+            await assert_archived_equals(history, captured)
+    finally:
+        await supervisor.stop()
+        await history.close()
