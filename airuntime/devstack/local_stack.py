@@ -36,6 +36,7 @@ from airuntime.core.redis_client import connect
 from airuntime.core.settings import HOME_ENV
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
+from airuntime.history import open_history_store
 
 
 class TenantsFile(BaseModel):
@@ -96,6 +97,7 @@ async def serve_control_plane(
     )
     cp = ControlPlane(redis, settings, scale_out_provider=scaler)
     metrics = ControlPlaneMetrics(cp)
+    history = await open_history_store()
     if tenants:
         await publish_tenants(cp.registry, tenants)
     if auth is None:
@@ -103,7 +105,11 @@ async def serve_control_plane(
     stop = _stop_on_signals(stop or asyncio.Event())
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(cp, auth, metrics), host=host, port=port, log_level="warning", lifespan="off"
+            create_app(cp, auth, metrics, history),
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
         )
     )
     await cp.start()
@@ -119,6 +125,7 @@ async def serve_control_plane(
         with contextlib.suppress(Exception):
             await serving
         await cp.stop()
+        await history.close()
         if state is not None:
             with contextlib.suppress(FileNotFoundError):
                 state_file().unlink()
