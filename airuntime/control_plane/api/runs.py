@@ -85,8 +85,13 @@ async def submit(body: SubmitRequest, who: Submitter, context: Context) -> Submi
 @router.post("/{shared_run_id}/cancel", response_model=CancelResponse, responses=NOT_FOUND)
 async def cancel(shared_run_id: SharedRunId, who: Canceller, context: Context) -> CancelResponse:
     """Cancel a run: Cancelled at once while it is queued; once dispatched its runtime
-    run is cancelled and the run ends Cancelled when that one did."""
+    run is cancelled and the run ends Cancelled when that one did. An archived run has
+    ended: the answer is its status."""
     run = await context.control_plane.cancel(shared_run_id, who.tenant_id)
     if run is None:
-        raise _not_found(shared_run_id)
+        # Redis no longer has it: an archived run has ended, and cancelling changes nothing.
+        archived = await context.material.shared_run(shared_run_id, who.tenant_id)
+        if archived is None:
+            raise _not_found(shared_run_id)
+        run = archived[0]
     return CancelResponse(shared_run_id=run.shared_run_id, status=run.status, reason=run.reason)
