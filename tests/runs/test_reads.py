@@ -190,3 +190,23 @@ async def test_another_tenants_run_and_an_unknown_run_are_404_on_every_route(
         method, f"/v1/runs/{srid}{path}", headers=auth("alice-a"), **body
     )
     assert mine.status_code != 404, mine.text
+
+
+async def test_the_openapi_document_names_every_answer_of_every_run_route(api: Api) -> None:
+    spec = (await api.client.get("/openapi.json")).json()
+    expected = {
+        ("get", "/v1/runs"): {"200", "400", "401", "403", "422", "503"},
+        ("get", "/v1/runs/{shared_run_id}"): {"200", "401", "403", "404", "503"},
+        ("get", "/v1/runs/{shared_run_id}/events"): {"200", "400", "404"},
+        ("get", "/v1/runs/{shared_run_id}/trace"): {"200", "404", "409"},
+        ("get", "/v1/runs/{shared_run_id}/report"): {"200", "404", "409"},
+        ("post", "/v1/runs/{shared_run_id}/input"): {"200", "400", "404", "409", "413", "422"},
+        ("post", "/v1/runs/{shared_run_id}/pause"): {"200", "403", "404", "409"},
+        ("post", "/v1/runs/{shared_run_id}/resume"): {"200", "403", "404", "409"},
+        ("post", "/v1/runs/{shared_run_id}/replay"): {"202", "403", "404"},
+    }
+    for (method, path), codes in expected.items():
+        documented = set(spec["paths"][path][method]["responses"])
+        assert codes <= documented, f"{method} {path}: {sorted(codes - documented)} undocumented"
+    events = spec["paths"]["/v1/runs/{shared_run_id}/events"]["get"]["responses"]["200"]
+    assert "text/event-stream" in events["content"]

@@ -70,7 +70,7 @@ def _execution(found: RunMaterial) -> ExecutionMaterial:
     return found.execution
 
 
-@router.get("", response_model=RunsPageBody)
+@router.get("", response_model=RunsPageBody, responses=BAD_CURSOR)
 async def list_runs(
     who: Reader,
     context: Context,
