@@ -317,9 +317,11 @@ def replay(
     if as_json:
         _dump({"original": srid, "replay": new["shared_run_id"], "diff": diff})
     elif diff:
-        out.print("\n".join(["replay differs from the original:", *diff]), highlight=False)
+        text = "\n".join(["replay differs from the original:", *diff])
+        out.print(text, highlight=False, soft_wrap=True)
     else:
-        out.print(f"replay {new['shared_run_id']} is identical to {srid}", highlight=False)
+        text = f"replay {new['shared_run_id']} is identical to {srid}"
+        out.print(text, highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_FAILED if diff else EXIT_OK)
 
 

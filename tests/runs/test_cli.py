@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from airuntime.examples import all_examples
@@ -160,12 +161,60 @@ def test_replay_compare_is_identical_for_every_packaged_example(
     served: ServedControlPlane, example: str
 ) -> None:
     if example == "human-input":
-        pytest.skip("needs an answer; covered by the answer test")
+        _replay_an_answered_run(served)
+        return
     srid, result = submitted(served, example)
     ok(result)
     compared = airt(served, "runs", "replay", srid, "--compare")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "is identical to" in compared.stdout
+
+
+def _http(served: ServedControlPlane) -> httpx.Client:
+    headers = {"authorization": "Bearer token-alice-a"}
+    return httpx.Client(base_url=served.url, headers=headers, timeout=30)
+
+
+def _answer_when_waiting(http: httpx.Client, srid: str, value: Any) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        steps = http.get(f"/v1/runs/{srid}").json().get("steps") or {}
+        if steps.get("approve", {}).get("status") == "input_wait":
+            break
+        assert time.monotonic() < deadline, steps
+        time.sleep(0.05)
+    resp = http.post(f"/v1/runs/{srid}/input", json={"step": "approve", "value": value})
+    assert resp.status_code == 200, resp.text
+
+
+def _replay_an_answered_run(served: ServedControlPlane) -> None:
+    """human-input waits for an answer: the original and its replay get the same one
+    (the replay found through the listing's ``replay_of``) while --compare waits."""
+    answer = {"approved": True, "by": "ana"}
+    with _http(served) as http:
+        srid = json.loads(ok(airt(served, "submit", "human-input")))["shared_run_id"]
+        _answer_when_waiting(http, srid, answer)
+        compare = subprocess.Popen(
+            [sys.executable, "-c", "from airuntime.cli.app import main; main()",
+             "runs", "replay", srid, "--compare"],
+            env={"PATH": "/usr/bin:/bin", "AIRUNTIME_API_URL": served.url,
+                 "AIRUNTIME_API_TOKEN": "token-alice-a"},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            replay: list[str] = []
+            while not replay:
+                runs = http.get("/v1/runs").json()["runs"]
+                replay = [r["shared_run_id"] for r in runs if r.get("replay_of") == srid]
+                assert time.monotonic() < deadline, "the replay was never submitted"
+                time.sleep(0.05)
+            _answer_when_waiting(http, replay[0], answer)
+            stdout, stderr = compare.communicate(timeout=120)
+        finally:
+            compare.kill()
+    assert compare.returncode == 0, stdout + stderr
+    assert f"replay {replay[0]} is identical to {srid}" in stdout
 
 
 def test_replay_compare_reports_a_nondeterministic_handler_with_exit_1(

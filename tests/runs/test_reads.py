@@ -210,3 +210,25 @@ async def test_the_openapi_document_names_every_answer_of_every_run_route(api: A
         assert codes <= documented, f"{method} {path}: {sorted(codes - documented)} undocumented"
     events = spec["paths"]["/v1/runs/{shared_run_id}/events"]["get"]["responses"]["200"]
     assert "text/event-stream" in events["content"]
+
+
+async def test_follow_true_on_an_archived_run_streams_its_ledger_from_the_cursor_and_ends(
+    api: Api,
+) -> None:
+    srid = await submit(api.client, FAN)
+    await ended(api.client, srid)
+    first = (
+        await api.client.get(f"/v1/runs/{srid}/events?limit=4", headers=auth("alice-a"))
+    ).json()
+    await archive_and_expire(api.redis, api.history, srid)
+    resp = await api.client.get(
+        f"/v1/runs/{srid}/events",
+        params={"follow": "true", "cursor": first["next_cursor"], "limit": 2},
+        headers=auth("alice-a"),
+    )
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    frames = [f.splitlines() for f in resp.text.split("\n\n") if f.strip()]
+    data = [json.loads(lines[-1].removeprefix("data: ")) for lines in frames]
+    assert frames[-1][0] == "event: end" and data[-1]["status"] == "Succeeded"
+    whole = await _all_events(api.client, srid, 999)
+    assert first["events"] + data[:-1] == whole, "the stream goes on exactly after the cursor"
