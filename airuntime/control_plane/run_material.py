@@ -200,14 +200,11 @@ class MaterialLoader:
 
     async def _hot_execution(self, execution_id: str, tenant_id: str) -> ExecutionMaterial | None:
         ek = keys.execution_keys(execution_id)
-        names = ("status", "attempt", "out", "err", "owner", "times")
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(ek.meta)
         pipe.get(ek.plan)
         pipe.get(ek.snapshot)
-        for name in names:
-            pipe.hgetall(ek.key(name))
-        meta_raw, plan_raw, snap_raw, *hashes = await pipe.execute()
+        meta_raw, plan_raw, snap_raw = await pipe.execute()
         meta = _hash(meta_raw)
         if not meta or plan_raw is None or meta.get("tenant_id", "") != tenant_id:
             return None
@@ -219,6 +216,13 @@ class MaterialLoader:
             return _from_snapshot(
                 execution_id, snap, plan, Source.HOT, inputs=inputs, context=context
             )
+        # Running: the step records are built from the live hashes (read together; a
+        # finalization in between leaves them in the snapshot's state).
+        names = ("status", "attempt", "out", "err", "owner", "times")
+        pipe = self.redis.pipeline(transaction=True)
+        for name in names:
+            pipe.hgetall(ek.key(name))
+        hashes = await pipe.execute()
         h = {name: _hash(raw) for name, raw in zip(names, hashes, strict=True)}
         return ExecutionMaterial(
             execution_id=execution_id,
