@@ -1,4 +1,5 @@
-"""``airt submit``, ``airt drain``, ``airt runs``: clients of a control plane's API.
+"""``airt submit``, ``airt drain``: clients of a control plane's API (``airt runs`` is
+:mod:`~airuntime.cli.run_commands`).
 
 They talk to the stack ``airt up`` runs (found through its state file,
 ``$AIRUNTIME_HOME/up.json``, with the development token of ``--tenant``) or to
@@ -13,7 +14,6 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.table import Table
 
 from airuntime.cli.common import (
     EXIT_FAILED,
@@ -81,13 +81,19 @@ def submit(
     tenant: Annotated[
         str | None, typer.Option(help="Submit as this tenant (local stack tokens).")
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Follow the run until it ends.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the run until it ends; print its outputs.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --wait: the terminal snapshot as JSON.")
+    ] = False,
     mode: Annotated[SubmitMode | None, typer.Option()] = None,
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=VALUE")] = None,
     api: _Api = None,
     token: _Token = None,
 ) -> None:
-    """Submit PIPELINE to the control plane; with --wait show progress until it ends."""
+    """Submit PIPELINE to the control plane; with --wait follow it until it ends, print its
+    steps' outputs and exit like ``airt run`` (0 succeeded, 1 failed or cancelled)."""
     body: dict[str, Any] = {
         "pipeline": pipeline_document(pipeline),
         "inputs": parse_kv(inputs or [], "--input"),
@@ -101,9 +107,17 @@ def submit(
         out.print(json.dumps(run))
         return
     final = _follow(base, tok, run["shared_run_id"])
-    out.print(json.dumps(final, indent=2))
-    status = (final.get("run") or {}).get("status")
-    raise typer.Exit(EXIT_OK if status == RunStatus.COMPLETED else EXIT_FAILED)
+    snapshot = (final.get("execution") or {}).get("snapshot")
+    if snapshot is None:  # refused or cancelled before any execution existed
+        out.print(json.dumps(final, indent=2))
+    elif as_json:
+        out.print_json(json.dumps(snapshot))
+    else:
+        from airuntime.cli.engine import print_snapshot
+
+        print_snapshot(snapshot)
+    succeeded = snapshot is not None and snapshot.get("status") == "Succeeded"
+    raise typer.Exit(EXIT_OK if succeeded else EXIT_FAILED)
 
 
 def finished(body: dict[str, Any]) -> bool:
@@ -152,30 +166,6 @@ def drain(
     out.print(json.dumps(drained))
 
 
-def runs(
-    tenant: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option()] = 50,
-    api: _Api = None,
-    token: _Token = None,
-) -> None:
-    """List the caller tenant's shared runs."""
-    base, tok = _client(api, token, tenant)
-    listed = api_call("GET", f"{base}/v1/runs", tok, params={"limit": limit}, timeout=30)
-    table = Table(title="shared runs")
-    for col in ("shared run", "pipeline", "status", "instance", "run id"):
-        table.add_column(col, overflow="fold")
-    for r in listed:
-        table.add_row(
-            r["shared_run_id"],
-            r["pipeline_id"],
-            r["status"],
-            r.get("assigned_instance_id") or "-",
-            r.get("run_id") or "-",
-        )
-    out.print(table)
-
-
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("drain")(drain)
-    app.command("runs")(runs)

@@ -80,7 +80,7 @@ def run(
     if as_json:
         out.print_json(json.dumps(snapshot))
     else:
-        _print_table(snapshot)
+        print_snapshot(snapshot)
     raise typer.Exit(EXIT_OK if status == ExecutionStatus.SUCCEEDED else EXIT_FAILED)
 
 
@@ -143,7 +143,7 @@ async def _run(
     return result.status, result.snapshot
 
 
-def _print_table(snapshot: dict[str, Any]) -> None:
+def print_snapshot(snapshot: dict[str, Any]) -> None:
     steps: dict[str, Any] = snapshot.get("steps", {})
     table = Table(title=f"{snapshot.get('pipeline_id')} [{snapshot.get('status')}]")
     for col in ("step", "status", "attempts", "duration", "output / error"):

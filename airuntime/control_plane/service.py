@@ -272,8 +272,10 @@ class ControlPlane:
         inputs: dict[str, Any] | None = None,
         metadata: dict[str, str] | None = None,
         mode: SubmitMode | None = None,
+        replay_of: str | None = None,
     ) -> SharedRun:
-        """Persist a shared run and place it according to the submit mode.
+        """Persist a shared run and place it according to the submit mode (``replay_of``:
+        the SharedRunId this run replays).
 
         The pipeline is compiled against the submitting tenant's handler allowlist
         first (:class:`PipelineRefused` names the step and the handler)."""
@@ -294,6 +296,7 @@ class ControlPlane:
             metadata=metadata or {},
             created_at_ms=now,
             updated_at_ms=now,
+            replay_of=replay_of,
         )
         await self.runs.create(run)
         queued = await self.runs.transition(run.shared_run_id, SharedRunStatus.QUEUED_GLOBALLY)

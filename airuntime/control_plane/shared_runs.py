@@ -127,6 +127,8 @@ class SharedRun(BaseModel):
     dispatched_at_ms: int | None = None
     finished_at_ms: int | None = None
     """When the run reached a terminal status (retention counts from here)."""
+    replay_of: str | None = None
+    """The SharedRunId this run replays (``POST /v1/runs/{id}/replay``), if any."""
 
 
 @dataclass(frozen=True, slots=True)

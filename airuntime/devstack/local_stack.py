@@ -95,8 +95,10 @@ async def serve_control_plane(
     scaler = scale_out_provider or (
         LocalScaler(redis, redis_url, runtime_token=token) if local_scaler else None
     )
-    history = await open_history_store() if settings.archiver_enabled else None
-    cp = ControlPlane(redis, settings, scale_out_provider=scaler, history=history)
+    # One store: the API reads runs from it, the archiver (when enabled) writes them.
+    history = await open_history_store()
+    archive_to = history if settings.archiver_enabled else None
+    cp = ControlPlane(redis, settings, scale_out_provider=scaler, history=archive_to)
     metrics = ControlPlaneMetrics(cp)
     if tenants:
         await publish_tenants(cp.registry, tenants)
@@ -105,7 +107,11 @@ async def serve_control_plane(
     stop = _stop_on_signals(stop or asyncio.Event())
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(cp, auth, metrics), host=host, port=port, log_level="warning", lifespan="off"
+            create_app(cp, auth, metrics, history),
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
         )
     )
     await cp.start()
@@ -121,8 +127,7 @@ async def serve_control_plane(
         with contextlib.suppress(Exception):
             await serving
         await cp.stop()
-        if history is not None:
-            await history.close()
+        await history.close()
         if state is not None:
             with contextlib.suppress(FileNotFoundError):
                 state_file().unlink()

@@ -83,9 +83,10 @@ async def test_a_submitted_run_belongs_to_the_callers_tenant_and_completes(api: 
     srid = resp.json()["shared_run_id"]
     body = await _completed(client, cp, srid, "alice-a")
     assert body["snapshot"]["tenant_id"] == "tenant-a" and body["snapshot"]["user_id"] == "alice-a"
-    assert body["execution_id"] and body["steps"] == {"a": "completed"}
+    assert body["execution_id"] and body["steps"]["a"]["status"] == "completed"
+    assert body["steps"]["a"]["output"] == 1 and body["run"]["instance_id"] == "runtime-instance-1"
     listed = (await client.get("/v1/runs", headers=auth("alice-a"))).json()
-    assert [r["shared_run_id"] for r in listed] == [srid]
+    assert [r["shared_run_id"] for r in listed["runs"]] == [srid]
 
 
 async def test_another_tenant_gets_404_for_read_and_cancel_and_sees_nothing_in_lists(
@@ -97,7 +98,7 @@ async def test_another_tenant_gets_404_for_read_and_cancel_and_sees_nothing_in_l
     ).json()["shared_run_id"]
     assert (await client.get(f"/v1/runs/{srid}", headers=auth("bob-b"))).status_code == 404
     assert (await client.post(f"/v1/runs/{srid}/cancel", headers=auth("bob-b"))).status_code == 404
-    assert (await client.get("/v1/runs", headers=auth("bob-b"))).json() == []
+    assert (await client.get("/v1/runs", headers=auth("bob-b"))).json()["runs"] == []
     queue = (await client.get("/v1/queue", headers=auth("bob-b"))).json()
     assert queue == {"pending": 0, "pending_by_tenant": {}}
     assert (

@@ -15,22 +15,29 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from airuntime.control_plane.api import fleet, health, queue, runs
+from airuntime.control_plane.api import fleet, health, queue, run_reads, run_steer, runs
 from airuntime.control_plane.api.deps import ApiContext
 from airuntime.control_plane.api.request_body import BodyLimit
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, NotAllowed
 from airuntime.control_plane.service import ControlPlane, ControlPlaneError, PipelineRefused
+from airuntime.history.errors import HistoryUnavailable
+from airuntime.history.store import HistoryStore
 
 RETRY_AFTER_S: Final = 5
 """What a 503 asks the caller to wait before trying again, seconds."""
 
 
 def create_app(
-    control_plane: ControlPlane, auth: Authenticator, metrics: ControlPlaneMetrics | None = None
+    control_plane: ControlPlane,
+    auth: Authenticator,
+    metrics: ControlPlaneMetrics | None = None,
+    history: HistoryStore | None = None,
 ) -> FastAPI:
+    """The API over ``control_plane``; run reads fall back to ``history`` (the durable
+    archive) for runs Redis no longer holds."""
     app = FastAPI(title="airuntime control plane", version="v1")
-    app.state.airuntime = ApiContext(control_plane, auth, metrics)
+    app.state.airuntime = ApiContext(control_plane, auth, metrics, history)
     app.add_middleware(BodyLimit, limit=control_plane.settings.max_request_bytes)
 
     @app.exception_handler(PipelineRefused)
@@ -58,6 +65,14 @@ def create_app(
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    for module in (health, runs, queue, fleet):
+    @app.exception_handler(HistoryUnavailable)
+    async def _history_unavailable(request: Request, exc: HistoryUnavailable) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"the durable history is not available ({exc}); retry later"},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    for module in (health, run_reads, run_steer, runs, queue, fleet):
         app.include_router(module.router)
     return app

@@ -20,7 +20,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from airuntime.control_plane.api.models import ErrorBody
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, Capability, Principal
+from airuntime.control_plane.run_ledger import LedgerReader
+from airuntime.control_plane.run_listing import RunListing
+from airuntime.control_plane.run_material import MaterialLoader
 from airuntime.control_plane.service import ControlPlane
+from airuntime.history.store import HistoryStore
 
 Responses = dict[int | str, dict[str, Any]]
 
@@ -58,6 +62,20 @@ class ApiContext:
     control_plane: ControlPlane
     auth: Authenticator
     metrics: ControlPlaneMetrics | None
+    history: HistoryStore | None = None
+    """The durable history the run reads fall back to once Redis no longer has a run."""
+
+    @property
+    def material(self) -> MaterialLoader:
+        return MaterialLoader(self.control_plane.redis, self.history)
+
+    @property
+    def ledger(self) -> LedgerReader:
+        return LedgerReader(self.control_plane.redis, self.history)
+
+    @property
+    def listing(self) -> RunListing:
+        return RunListing(self.control_plane.redis, self.history)
 
 
 def api_context(request: Request) -> ApiContext:

@@ -1,10 +1,12 @@
-"""``/v1/runs``: submit, read, list and cancel shared runs, scoped to the caller's tenant."""
+"""``/v1/runs``: submit and cancel shared runs, scoped to the caller's tenant (reading
+them is :mod:`~airuntime.control_plane.api.run_reads`, steering them
+:mod:`~airuntime.control_plane.api.run_steer`)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path
 from pydantic import ValidationError
 
 from airuntime.control_plane.api.deps import (
@@ -12,7 +14,6 @@ from airuntime.control_plane.api.deps import (
     WITH_BODY,
     Canceller,
     Context,
-    Reader,
     Responses,
     Submitter,
     error,
@@ -24,7 +25,6 @@ from airuntime.control_plane.api.models import (
     SubmitResponse,
 )
 from airuntime.control_plane.api.request_body import StrictJsonRoute
-from airuntime.control_plane.run_details import SharedRunDetails, SharedRunView
 from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN
 
 router = APIRouter(
@@ -82,34 +82,16 @@ async def submit(body: SubmitRequest, who: Submitter, context: Context) -> Submi
     )
 
 
-@router.get(
-    "/{shared_run_id}",
-    response_model=SharedRunDetails,
-    response_model_exclude_unset=True,
-    responses=NOT_FOUND,
-)
-async def get_run(shared_run_id: SharedRunId, who: Reader, context: Context) -> SharedRunDetails:
-    details = await context.control_plane.get(shared_run_id, who.tenant_id)
-    if details is None:
-        raise _not_found(shared_run_id)
-    return details
-
-
-@router.get("", response_model=list[SharedRunView])
-async def list_runs(
-    who: Reader,
-    context: Context,
-    limit: Annotated[int, Query(ge=1, le=1000, description="How many, newest first.")] = 100,
-) -> list[SharedRunView]:
-    runs = await context.control_plane.list(who.tenant_id, limit)
-    return [SharedRunView.of(r) for r in runs]
-
-
 @router.post("/{shared_run_id}/cancel", response_model=CancelResponse, responses=NOT_FOUND)
 async def cancel(shared_run_id: SharedRunId, who: Canceller, context: Context) -> CancelResponse:
     """Cancel a run: Cancelled at once while it is queued; once dispatched its runtime
-    run is cancelled and the run ends Cancelled when that one did."""
+    run is cancelled and the run ends Cancelled when that one did. An archived run has
+    ended: the answer is its status."""
     run = await context.control_plane.cancel(shared_run_id, who.tenant_id)
     if run is None:
-        raise _not_found(shared_run_id)
+        # Redis no longer has it: an archived run has ended, and cancelling changes nothing.
+        archived = await context.material.shared_run(shared_run_id, who.tenant_id)
+        if archived is None:
+            raise _not_found(shared_run_id)
+        run = archived[0]
     return CancelResponse(shared_run_id=run.shared_run_id, status=run.status, reason=run.reason)

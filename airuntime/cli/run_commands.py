@@ -1,0 +1,329 @@
+"""``airt runs [show|events|trace|report|answer|pause|resume|replay]``: read and steer runs.
+
+Why this exists: the control plane's run reads (:mod:`airuntime.control_plane.api.run_reads`)
+and steering (:mod:`~airuntime.control_plane.api.run_steer`) from a terminal, for runs
+still in Redis and runs in the durable archive alike. Tables by default, ``--json`` for
+machines. ``replay --compare`` waits for the replay and diffs its terminal snapshot
+against the original's (step statuses, outputs, attempts; timings, workers and ids
+ignored): exit 0 when identical, 1 with the diff when not, 2 for invalid input.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.table import Table
+
+from airuntime.cli.client import _Api, _client, _Token, api_call
+from airuntime.cli.common import EXIT_FAILED, EXIT_OK, console, invalid, out, parse_kv
+
+runs_app = typer.Typer(
+    help="List, read and steer shared runs (hot or archived).",
+    invoke_without_command=True,
+)
+
+_Tenant = Annotated[str | None, typer.Option(help="Act as this tenant (local stack tokens).")]
+_Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+_Id = Annotated[str, typer.Argument(help="The SharedRunId (sr-...).")]
+ENDED = frozenset({"Succeeded", "Failed", "Cancelled", "Rejected"})
+
+
+def _get(base: str, token: str, srid: str, path: str = "", **params: Any) -> Any:
+    return api_call("GET", f"{base}/v1/runs/{srid}{path}", token, timeout=30, params=params)
+
+
+def _dump(value: Any) -> None:
+    out.print_json(json.dumps(value))
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@runs_app.callback()
+def list_runs(
+    ctx: typer.Context,
+    tenant: _Tenant = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    status: Annotated[list[str] | None, typer.Option(help="Only these statuses.")] = None,
+    pipeline: Annotated[str | None, typer.Option(help="Only this pipeline id.")] = None,
+    cursor: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    as_json: _Json = False,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """List the caller tenant's runs, hot and archived, newest first."""
+    ctx.obj = {"tenant": tenant, "api": api, "token": token}
+    if ctx.invoked_subcommand is not None:
+        return
+    base, tok = _client(api, token, tenant)
+    params: dict[str, Any] = {"limit": limit, "status": status or []}
+    params.update({k: v for k, v in (("pipeline", pipeline), ("cursor", cursor)) if v})
+    page = api_call("GET", f"{base}/v1/runs", tok, params=params, timeout=30)
+    if as_json:
+        _dump(page)
+        return
+    table = Table(title="shared runs")
+    for col in ("shared run", "pipeline", "status", "instance", "run id", "replay of"):
+        table.add_column(col, overflow="fold")
+    for r in page["runs"]:
+        table.add_row(
+            r["shared_run_id"],
+            r["pipeline_id"],
+            r["status"],
+            r.get("assigned_instance_id") or "-",
+            r.get("run_id") or "-",
+            r.get("replay_of") or "-",
+        )
+    out.print(table)
+    if page.get("next_cursor"):
+        console.print(f"more: --cursor {page['next_cursor']}")
+
+
+def _conn(ctx: typer.Context, tenant: str | None) -> tuple[str, str]:
+    parent: dict[str, Any] = ctx.obj or {}
+    return _client(parent.get("api"), parent.get("token"), tenant or parent.get("tenant"))
+
+
+@runs_app.command("show")
+def show(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json = False) -> None:
+    """A run's identities, status, and every step's record."""
+    base, tok = _conn(ctx, tenant)
+    body = _get(base, tok, srid)
+    if as_json:
+        _dump(body)
+        return
+    ex = body.get("execution") or {}
+    console.print(
+        f"{body['shared_run_id']} {body['pipeline_id']} [{body['status']}] "
+        f"run {body.get('run_id') or '-'} on {body.get('assigned_instance_id') or '-'}; "
+        f"execution {ex.get('execution_id', '-')} {ex.get('status', '')}"
+        + (f"; replay of {body['replay_of']}" if body.get("replay_of") else "")
+    )
+    table = Table(title=f"{body['pipeline_id']} [{ex.get('status', body['status'])}]")
+    for col in ("step", "status", "attempts", "instance", "duration", "output / error"):
+        table.add_column(col, overflow="fold")
+    for sid, st in (body.get("steps") or {}).items():
+        dur = ""
+        if st.get("claimed_at_ms") and st.get("finished_at_ms"):
+            dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
+        shown = st.get("error") if st.get("status") != "completed" else st.get("output")
+        table.add_row(
+            sid, st["status"], str(st["attempts"]), st.get("instance_id") or "-", dur, _short(shown)
+        )
+    out.print(table)
+
+
+def _print_event(event: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        out.print(json.dumps(event), highlight=False, soft_wrap=True)
+        return
+    fields = " ".join(f"{k}={v}" for k, v in event["fields"].items())
+    out.print(f"{event['seq']:>5} {event['id']} {event['type']} {fields}", highlight=False)
+
+
+@runs_app.command("events")
+def events(
+    ctx: typer.Context,
+    srid: _Id,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Until the run ends.")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=999)] = 500,
+    tenant: _Tenant = None,
+    as_json: _Json = False,
+) -> None:
+    """The run's ledger (one line per entry); --follow streams it until the run ended."""
+    base, tok = _conn(ctx, tenant)
+    if follow:
+        _follow_events(base, tok, srid, as_json)
+        return
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        page = _get(base, tok, srid, "/events", **params)
+        for event in page["events"]:
+            _print_event(event, as_json)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return
+
+
+def _follow_events(base: str, token: str, srid: str, as_json: bool) -> None:
+    url = f"{base}/v1/runs/{srid}/events"
+    headers = {"authorization": f"Bearer {token}", "accept": "text/event-stream"}
+    try:
+        with httpx.stream("GET", url, headers=headers, timeout=None) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
+            event = ""
+            for line in resp.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    data = json.loads(line.removeprefix("data: "))
+                    if event == "end":
+                        console.print(f"run ended: {data['status']}")
+                        return
+                    _print_event(data, as_json)
+    except httpx.HTTPError as exc:
+        raise invalid(f"cannot follow {url}: {exc}") from None
+
+
+@runs_app.command("trace")
+def trace(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json = False) -> None:
+    """Per-step timeline: claims, retries, recoveries, ends, worker and instance."""
+    base, tok = _conn(ctx, tenant)
+    body = _get(base, tok, srid, "/trace")
+    if as_json:
+        _dump(body)
+        return
+    t0 = body["created_at_ms"]
+    table = Table(title=f"trace {body['execution_id']} [{body['status']}]")
+    for col in ("step", "status", "start", "end", "attempts", "instance"):
+        table.add_column(col, overflow="fold")
+    for row in body["steps"]:
+        start, end = row.get("start_ms"), row.get("end_ms")
+        outcomes = ", ".join(f"{a['attempt']}:{a['outcome'] or 'running'}" for a in row["attempts"])
+        instances = {a["instance_id"] or "-" for a in row["attempts"]}
+        table.add_row(
+            row["step"],
+            row["status"] or "-",
+            f"+{start - t0}ms" if start else "-",
+            f"+{end - t0}ms" if end else "-",
+            outcomes or "-",
+            ", ".join(sorted(instances)) or "-",
+        )
+    out.print(table)
+
+
+@runs_app.command("report")
+def report(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json = False) -> None:
+    """Durations, critical path, retries, recoveries, slot waits and evidence."""
+    base, tok = _conn(ctx, tenant)
+    body = _get(base, tok, srid, "/report")
+    if as_json:
+        _dump(body)
+        return
+    table = Table(title=f"report {body['execution_id']} [{body['status']}]")
+    for col in ("step", "status", "duration", "attempts", "retries", "recoveries"):
+        table.add_column(col)
+    for row in body["steps"]:
+        table.add_row(
+            row["step"],
+            row["status"] or "-",
+            f"{row['duration_ms']}ms",
+            str(row["attempts"]),
+            str(row["retries"]),
+            str(row["recoveries"]),
+        )
+    out.print(table)
+    path = body["critical_path"]
+    out.print(
+        f"wall {body['wall_ms']}ms; critical path {' -> '.join(path['steps'])} "
+        f"({path['duration_ms']}ms); retries {body['retries']}, recoveries "
+        f"{body['recoveries']}; slot wait {body['slot_wait_ns'] / 1e6:.3f}ms",
+        highlight=False,
+    )
+
+
+@runs_app.command("answer")
+def answer(
+    ctx: typer.Context,
+    srid: _Id,
+    step: Annotated[str, typer.Argument(help="The input step.")],
+    value: Annotated[str, typer.Argument(help="JSON, or plain text.")],
+    tenant: _Tenant = None,
+) -> None:
+    """Answer an input step of a running execution."""
+    base, tok = _conn(ctx, tenant)
+    decoded = parse_kv([f"value={value}"], "VALUE")["value"]
+    body = {"step": step, "value": decoded}
+    _dump(api_call("POST", f"{base}/v1/runs/{srid}/input", tok, json=body, timeout=30))
+
+
+@runs_app.command("pause")
+def pause(ctx: typer.Context, srid: _Id, tenant: _Tenant = None) -> None:
+    """Pause the run's execution (running steps finish, no new ones start)."""
+    base, tok = _conn(ctx, tenant)
+    _dump(api_call("POST", f"{base}/v1/runs/{srid}/pause", tok, timeout=30))
+
+
+@runs_app.command("resume")
+def resume(ctx: typer.Context, srid: _Id, tenant: _Tenant = None) -> None:
+    """Resume a paused execution."""
+    base, tok = _conn(ctx, tenant)
+    _dump(api_call("POST", f"{base}/v1/runs/{srid}/resume", tok, timeout=30))
+
+
+def wait_ended(base: str, token: str, srid: str, timeout_s: float) -> dict[str, Any]:
+    """The run's details once its shared run ended (polls, with a deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        body: dict[str, Any] = _get(base, token, srid)
+        if body["status"] in ENDED:
+            return body
+        time.sleep(0.2)
+    raise invalid(f"run {srid} did not end within {timeout_s} s")
+
+
+def snapshot_diff(original: dict[str, Any], replay: dict[str, Any]) -> list[str]:
+    """What differs between two runs' terminal records: the execution status and each
+    step's status, output and attempts (timings, workers and ids are not compared)."""
+    lines: list[str] = []
+    a, b = original.get("execution") or {}, replay.get("execution") or {}
+    if a.get("status") != b.get("status"):
+        lines.append(f"status: {a.get('status')} != {b.get('status')}")
+    sa, sb = original.get("steps") or {}, replay.get("steps") or {}
+    for step in sorted(set(sa) | set(sb)):
+        left, right = sa.get(step), sb.get(step)
+        if left is None or right is None:
+            lines.append(f"step {step}: only in the {'replay' if left is None else 'original'}")
+            continue
+        for name in ("status", "output", "attempts"):
+            if left.get(name) != right.get(name):
+                lines.append(
+                    f"step {step} {name}: {json.dumps(left.get(name))} != "
+                    f"{json.dumps(right.get(name))}"
+                )
+    return lines
+
+
+@runs_app.command("replay")
+def replay(
+    ctx: typer.Context,
+    srid: _Id,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Wait and diff against the original.")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option("--timeout", min=1)] = 600,
+    tenant: _Tenant = None,
+    as_json: _Json = False,
+) -> None:
+    """Submit the run again (same pipeline, inputs, context) as a new linked run."""
+    base, tok = _conn(ctx, tenant)
+    new = api_call("POST", f"{base}/v1/runs/{srid}/replay", tok, timeout=60)
+    console.print(f"replay {new['shared_run_id']} of {srid}: {new['status']}")
+    if not compare:
+        _dump(new)
+        return
+    original = wait_ended(base, tok, srid, timeout_s)
+    replayed = wait_ended(base, tok, new["shared_run_id"], timeout_s)
+    diff = snapshot_diff(original, replayed)
+    if as_json:
+        _dump({"original": srid, "replay": new["shared_run_id"], "diff": diff})
+    elif diff:
+        text = "\n".join(["replay differs from the original:", *diff])
+        out.print(text, highlight=False, soft_wrap=True)
+    else:
+        text = f"replay {new['shared_run_id']} is identical to {srid}"
+        out.print(text, highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_FAILED if diff else EXIT_OK)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(runs_app, name="runs")

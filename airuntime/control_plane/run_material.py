@@ -1,0 +1,242 @@
+"""One run's material, from hot Redis or from the durable archive, in one shape.
+
+Why this exists: a run is read through several views (details, ledger, trace, report,
+replay) and it must read the same before and after retention removes its hot keys.
+Every view is computed from a :class:`RunMaterial` only, and this module is the one
+place that knows where the material lives: the shared run in ``air:srun:<SRID>`` or in
+``history_shared_runs``; the execution's plan, inputs, context, step states and
+terminal snapshot in its ``air:{e:E}:*`` keys or in ``history_executions``; its ledger
+in ``air:{e:E}:events`` or in ``history_events``. The archive holds exactly what Redis
+held (the archiver's contract), so a view that only looks at the material answers
+identically from either source -- by construction, not by care in each view.
+
+Only fields both sources have are in the material: the runtime's run record (which
+expires on its own schedule and is not archived) is used to find a running
+execution's id, never shown.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from redis.asyncio import Redis
+
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
+from airuntime.core import keys
+from airuntime.fleet.run_index import RunIndex
+from airuntime.history.records import ArchivedExecution
+from airuntime.history.store import HistoryStore
+
+__all__ = ["ExecutionMaterial", "MaterialLoader", "RunMaterial", "Source"]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _hash(raw: Any) -> dict[str, str]:
+    return {_s(k): _s(v) for k, v in (raw or {}).items()}
+
+
+class Source(StrEnum):
+    """Where a part of the material was read (never shown in a view)."""
+
+    HOT = "hot"
+    ARCHIVE = "archive"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionMaterial:
+    """An execution as the views see it.
+
+    ``steps`` has the terminal snapshot's per-step shape (status, attempts, output,
+    error, worker, claimed_at_ms, finished_at_ms): the snapshot's own once the
+    execution is terminal, built the same way from the live hashes before."""
+
+    execution_id: str
+    tenant_id: str
+    pipeline_id: str
+    status: str
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    counts: dict[str, int]
+    plan: dict[str, Any]
+    inputs: dict[str, Any]
+    context: dict[str, Any]
+    steps: dict[str, dict[str, Any]]
+    snapshot: dict[str, Any] | None
+    source: Source
+
+    @property
+    def terminal(self) -> bool:
+        return self.snapshot is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RunMaterial:
+    """A shared run and, once it has one, its execution."""
+
+    run: SharedRun
+    execution: ExecutionMaterial | None
+    source: Source
+    """Where the shared run was read."""
+
+    @property
+    def tenant_id(self) -> str:
+        return self.run.snapshot.tenant_id
+
+
+_COUNTS = ("total", "completed", "failed", "skipped", "cancelled")
+
+
+def _from_snapshot(
+    execution_id: str, snap: dict[str, Any], plan: dict[str, Any], source: Source, **io: Any
+) -> ExecutionMaterial:
+    return ExecutionMaterial(
+        execution_id=execution_id,
+        tenant_id=str(snap.get("tenant_id", "")),
+        pipeline_id=str(snap.get("pipeline_id", "")),
+        status=str(snap.get("status", "")),
+        created_at_ms=int(snap.get("created_at_ms") or 0),
+        started_at_ms=snap.get("started_at_ms"),
+        finished_at_ms=snap.get("finished_at_ms"),
+        counts={k: int(v) for k, v in dict(snap.get("counts") or {}).items()},
+        plan=plan,
+        inputs=io["inputs"],
+        context=io["context"],
+        steps={k: dict(v) for k, v in dict(snap.get("steps") or {}).items()},
+        snapshot=snap,
+        source=source,
+    )
+
+
+def _live_steps(h: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """The terminal snapshot's per-step shape (``finalize.lua`` buildSnapshot), from
+    the live hashes of a running execution."""
+    steps: dict[str, dict[str, Any]] = {}
+    for step, status in h["status"].items():
+        view: dict[str, Any] = {"status": status, "attempts": int(h["attempt"].get(step, "1"))}
+        if step in h["out"]:
+            view["output"] = json.loads(h["out"][step])
+        if step in h["err"]:
+            view["error"] = h["err"][step]
+        if step in h["owner"]:
+            view["worker"] = h["owner"][step]
+        for key, name in (("c:", "claimed_at_ms"), ("f:", "finished_at_ms")):
+            if key + step in h["times"]:
+                view[name] = int(h["times"][key + step])
+        steps[step] = view
+    return steps
+
+
+def _opt_int(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
+class MaterialLoader:
+    """Loads :class:`RunMaterial` from Redis, falling back to the archive part by part."""
+
+    def __init__(self, redis: Redis, history: HistoryStore | None) -> None:
+        self.redis = redis
+        self.history = history
+        self.runs = SharedRunStore(redis)
+        self.run_index = RunIndex(redis)
+
+    async def load(self, shared_run_id: str, tenant_id: str | None) -> RunMaterial | None:
+        """The run's material, or None when it is unknown or another tenant's."""
+        loaded = await self.shared_run(shared_run_id, tenant_id)
+        if loaded is None:
+            return None
+        run, source = loaded
+        execution_id = await self.execution_id(run)
+        execution = None
+        if execution_id is not None:
+            execution = await self.execution(execution_id, run.snapshot.tenant_id)
+        return RunMaterial(run, execution, source)
+
+    async def shared_run(
+        self, shared_run_id: str, tenant_id: str | None
+    ) -> tuple[SharedRun, Source] | None:
+        hot = (
+            await self.runs.get(shared_run_id)
+            if tenant_id is None
+            else await self.runs.get_for_tenant(shared_run_id, tenant_id)
+        )
+        if hot is not None:
+            return hot, Source.HOT
+        if self.history is None:
+            return None
+        archived = await self.history.get_shared_run(shared_run_id, tenant_id)
+        if archived is None:
+            return None
+        return SharedRun.model_validate(archived.run), Source.ARCHIVE
+
+    async def execution_id(self, run: SharedRun) -> str | None:
+        """The shared run's execution: recorded on it once it ended, found through the
+        runtime's run record while it runs."""
+        if run.execution_id:
+            return run.execution_id
+        if not run.run_id:
+            return None
+        record = await self.run_index.get_for_tenant(run.run_id, run.snapshot.tenant_id)
+        return record.execution_id if record is not None else None
+
+    async def execution(self, execution_id: str, tenant_id: str) -> ExecutionMaterial | None:
+        hot = await self._hot_execution(execution_id, tenant_id)
+        if hot is not None or self.history is None:
+            return hot
+        archived = await self.history.get_execution(execution_id, tenant_id)
+        return None if archived is None else self._archived(archived)
+
+    @staticmethod
+    def _archived(a: ArchivedExecution) -> ExecutionMaterial:
+        return _from_snapshot(
+            a.execution_id, a.snapshot, a.plan, Source.ARCHIVE, inputs=a.inputs, context=a.context
+        )
+
+    async def _hot_execution(self, execution_id: str, tenant_id: str) -> ExecutionMaterial | None:
+        ek = keys.execution_keys(execution_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(ek.meta)
+        pipe.get(ek.plan)
+        pipe.get(ek.snapshot)
+        meta_raw, plan_raw, snap_raw = await pipe.execute()
+        meta = _hash(meta_raw)
+        if not meta or plan_raw is None or meta.get("tenant_id", "") != tenant_id:
+            return None
+        plan = json.loads(plan_raw)
+        inputs = json.loads(meta["inputs"]) if meta.get("inputs") else {}
+        context = json.loads(meta["context"]) if meta.get("context") else {}
+        if snap_raw is not None:
+            snap = json.loads(snap_raw)
+            return _from_snapshot(
+                execution_id, snap, plan, Source.HOT, inputs=inputs, context=context
+            )
+        # Running: the step records are built from the live hashes (read together; a
+        # finalization in between leaves them in the snapshot's state).
+        names = ("status", "attempt", "out", "err", "owner", "times")
+        pipe = self.redis.pipeline(transaction=True)
+        for name in names:
+            pipe.hgetall(ek.key(name))
+        hashes = await pipe.execute()
+        h = {name: _hash(raw) for name, raw in zip(names, hashes, strict=True)}
+        return ExecutionMaterial(
+            execution_id=execution_id,
+            tenant_id=tenant_id,
+            pipeline_id=meta.get("pipeline_id", ""),
+            status=meta.get("status", ""),
+            created_at_ms=int(meta.get("created_at", "0")),
+            started_at_ms=_opt_int(meta.get("started_at")),
+            finished_at_ms=None,
+            counts={k: int(meta.get(k, "0")) for k in _COUNTS},
+            plan=plan,
+            inputs=inputs,
+            context=context,
+            steps=_live_steps(h),
+            snapshot=None,
+            source=Source.HOT,
+        )

@@ -1,0 +1,102 @@
+"""A real control plane with its HTTP API on a TCP port, in a thread of the test process,
+for the ``airt`` subprocesses of the CLI tests: Valkey, one runtime host, the background
+pump, the durable history (the test's DSN), uvicorn. ``call`` runs a coroutine on the
+server's loop (to archive a run from the test)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import uvicorn
+from redis.asyncio import Redis
+
+from airuntime.control_plane.api import create_app
+from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.fleet.registry import Registry
+from airuntime.fleet.tenancy import DEFAULT_ALLOWED_HANDLERS, TenantSettings
+from airuntime.history import HistoryStore, open_history_store
+from runtime_pod.config import InstanceConfig
+from runtime_pod.host import RuntimeHost
+from tests.history.conftest import settings
+from tests.runs.conftest import authenticator
+
+T = TypeVar("T")
+
+
+class ServedControlPlane:
+    def __init__(self, redis_url: str, history_dsn: str) -> None:
+        self.redis_url, self.history_dsn = redis_url, history_dsn
+        self.url = ""
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="served-cp", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.redis: Redis | None = None
+        self.history: HistoryStore | None = None
+
+    def start(self, timeout_s: float = 60) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout_s) or self._error is not None:
+            raise RuntimeError(f"the control plane did not start: {self._error!r}")
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def call(self, make: Callable[[Redis, HistoryStore], Awaitable[T]]) -> T:
+        assert self._loop is not None and self.redis is not None and self.history is not None
+        coro: Any = make(self.redis, self.history)
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(60)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported to start()
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self.redis = redis = Redis.from_url(self.redis_url)
+        await redis.flushall()
+        # tenant-a may use ``python`` steps (the nondeterministic handler of the replay test).
+        await Registry(redis).put_tenant(
+            TenantSettings(
+                tenant_id="tenant-a", allowed_handlers=(*DEFAULT_ALLOWED_HANDLERS, "python")
+            )
+        )
+        self.history = await open_history_store(self.history_dsn, settings=settings())
+        host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5), instances=1)
+        await host.start()
+        cp = ControlPlane(redis, ControlPlaneSettings(scale_out_enabled=False))
+        for inst in host.instances:
+            cp.local.add(inst)
+        await cp.start()
+        app = create_app(cp, authenticator(), history=self.history)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not server.started:
+                if serving.done():
+                    serving.result()
+                await asyncio.sleep(0.01)
+            port = server.servers[0].sockets[0].getsockname()[1]
+            self.url = f"http://127.0.0.1:{port}"
+            self._ready.set()
+            await self._stop.wait()
+        finally:
+            server.should_exit = True
+            await serving
+            await cp.stop()
+            await host.stop(drain_timeout_s=5)
+            await self.history.close()
+            await redis.aclose()

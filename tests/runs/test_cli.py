@@ -1,0 +1,244 @@
+"""``airt runs ...`` and ``airt submit --wait`` as subprocesses against a real control
+plane (its API on a TCP port, a runtime host, the durable history on SQLite and on
+PostgreSQL): tables and ``--json``, the ledger followed to the end, answer, pause and
+resume, and ``replay --compare`` -- identical for every packaged example (exit 0),
+different for a nondeterministic python handler (exit 1, with the diff)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from airuntime.examples import all_examples
+from tests.runs.archive import archive_and_expire
+from tests.runs.served import ServedControlPlane
+
+NONDETERMINISTIC = "tests.runs.nondeterministic"
+
+
+@pytest.fixture
+def served(
+    valkey_url: str, history_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ServedControlPlane]:
+    monkeypatch.setenv("AIRUNTIME_PYTHON_HANDLER_MODULES", NONDETERMINISTIC)
+    server = ServedControlPlane(valkey_url, history_dsn)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def airt(
+    served: ServedControlPlane, *args: str, token: str = "alice-a"
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "AIRUNTIME_API_URL": served.url,
+        "AIRUNTIME_API_TOKEN": f"token-{token}",
+        "COLUMNS": "200",
+        "AIRUNTIME_PYTHON_HANDLER_MODULES": NONDETERMINISTIC,  # the client checks the file too
+    }
+    code = "import sys; from airuntime.cli.app import main; sys.argv[0] = 'airt'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def submitted(
+    served: ServedControlPlane, pipeline: str, *extra: str
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    result = airt(served, "submit", pipeline, "--wait", *extra)
+    assert "submitted " in result.stderr, result.stdout + result.stderr
+    srid = result.stderr.split("submitted ", 1)[1].split(":", 1)[0]
+    return srid, result
+
+
+def test_submit_wait_show_events_trace_report_on_hot_and_archived_runs(
+    served: ServedControlPlane,
+) -> None:
+    srid, result = submitted(served, "retries", "--json")
+    snapshot = json.loads(ok(result))
+    assert snapshot["status"] == "Succeeded"
+    assert snapshot["steps"]["report"]["output"] == "succeeded on the third attempt"
+
+    def views() -> dict[str, Any]:
+        return {
+            "show": json.loads(ok(airt(served, "runs", "show", srid, "--json"))),
+            "events": ok(airt(served, "runs", "events", srid, "--json", "--limit", "2")),
+            "trace": json.loads(ok(airt(served, "runs", "trace", srid, "--json"))),
+            "report": json.loads(ok(airt(served, "runs", "report", srid, "--json"))),
+        }
+
+    before = views()
+    assert before["show"]["steps"]["flaky"]["attempts"] == 3
+    assert before["report"]["retries"] == 2
+    lines = [json.loads(line) for line in before["events"].splitlines()]
+    assert [e["seq"] for e in lines] == list(range(len(lines))) and len(lines) > 2
+    table = ok(airt(served, "runs", "show", srid))
+    assert "flaky" in table and "succeeded on the third attempt" in table
+    assert "critical path flaky -> report" in ok(airt(served, "runs", "report", srid))
+    assert "1:retried, 2:retried, 3:completed" in ok(airt(served, "runs", "trace", srid))
+    assert srid in ok(airt(served, "runs"))
+
+    served.call(lambda redis, store: archive_and_expire(redis, store, srid))
+    assert views() == before
+    assert srid in ok(airt(served, "runs", "--json"))
+    refused = airt(served, "runs", "show", srid, token="bob-b")
+    assert refused.returncode == 2 and "404" in refused.stderr
+
+
+def test_failing_submit_wait_exits_1_and_bad_input_exits_2(
+    served: ServedControlPlane, tmp_path: Path
+) -> None:
+    failing = {"id": "fails", "steps": [{"id": "x", "uses": "fail", "with": {"fail_attempts": 9}}]}
+    path = tmp_path / "fails.yaml"
+    path.write_text(json.dumps(failing))
+    srid, result = submitted(served, str(path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Failed" in result.stdout
+    assert airt(served, "runs", "show", "sr-nope").returncode == 2
+    bad = airt(served, "runs", "events", srid, "--limit", "0")
+    assert bad.returncode == 2
+
+
+def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPlane) -> None:
+    result = airt(served, "submit", "human-input")
+    srid = json.loads(ok(result))["shared_run_id"]
+    follower = subprocess.Popen(  # follows the ledger while the run waits, is paused, ends
+        [sys.executable, "-c", "import sys; from airuntime.cli.app import main; main()",
+         "runs", "events", srid, "--follow", "--json"],
+        env={"PATH": "/usr/bin:/bin", "AIRUNTIME_API_URL": served.url,
+             "AIRUNTIME_API_TOKEN": "token-alice-a"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            show = json.loads(ok(airt(served, "runs", "show", srid, "--json")))
+            if (show.get("steps") or {}).get("approve", {}).get("status") == "input_wait":
+                break
+            assert time.monotonic() < deadline, show
+            time.sleep(0.05)
+        refused = airt(served, "runs", "answer", srid, "draft", '"x"')
+        assert refused.returncode == 2 and "step 'draft' is completed" in refused.stderr
+        assert json.loads(ok(airt(served, "runs", "pause", srid)))["status"] in (
+            "Pausing",
+            "Paused",
+        )
+        ok(airt(served, "runs", "answer", srid, "approve", '{"approved": true}'))
+        assert json.loads(ok(airt(served, "runs", "resume", srid)))["execution_id"]
+        stdout, stderr = follower.communicate(timeout=120)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, stderr
+    types = [json.loads(line)["type"] for line in stdout.splitlines()]
+    assert types[0] == "execution_created" and "execution_finalized" in types
+    assert types.index("execution_paused") < types.index("input_provided")
+    assert "run ended: Succeeded" in stderr
+
+
+@pytest.mark.parametrize("example", sorted(e.name for e in all_examples()))
+def test_replay_compare_is_identical_for_every_packaged_example(
+    served: ServedControlPlane, example: str
+) -> None:
+    if example == "human-input":
+        _replay_an_answered_run(served)
+        return
+    srid, result = submitted(served, example)
+    ok(result)
+    compared = airt(served, "runs", "replay", srid, "--compare")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "is identical to" in compared.stdout
+
+
+def _http(served: ServedControlPlane) -> httpx.Client:
+    headers = {"authorization": "Bearer token-alice-a"}
+    return httpx.Client(base_url=served.url, headers=headers, timeout=30)
+
+
+def _answer_when_waiting(http: httpx.Client, srid: str, value: Any) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        steps = http.get(f"/v1/runs/{srid}").json().get("steps") or {}
+        if steps.get("approve", {}).get("status") == "input_wait":
+            break
+        assert time.monotonic() < deadline, steps
+        time.sleep(0.05)
+    resp = http.post(f"/v1/runs/{srid}/input", json={"step": "approve", "value": value})
+    assert resp.status_code == 200, resp.text
+
+
+def _replay_an_answered_run(served: ServedControlPlane) -> None:
+    """human-input waits for an answer: the original and its replay get the same one
+    (the replay found through the listing's ``replay_of``) while --compare waits."""
+    answer = {"approved": True, "by": "ana"}
+    with _http(served) as http:
+        srid = json.loads(ok(airt(served, "submit", "human-input")))["shared_run_id"]
+        _answer_when_waiting(http, srid, answer)
+        compare = subprocess.Popen(
+            [sys.executable, "-c", "from airuntime.cli.app import main; main()",
+             "runs", "replay", srid, "--compare"],
+            env={"PATH": "/usr/bin:/bin", "AIRUNTIME_API_URL": served.url,
+                 "AIRUNTIME_API_TOKEN": "token-alice-a"},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            replay: list[str] = []
+            while not replay:
+                runs = http.get("/v1/runs").json()["runs"]
+                replay = [r["shared_run_id"] for r in runs if r.get("replay_of") == srid]
+                assert time.monotonic() < deadline, "the replay was never submitted"
+                time.sleep(0.05)
+            _answer_when_waiting(http, replay[0], answer)
+            stdout, stderr = compare.communicate(timeout=120)
+        finally:
+            compare.kill()
+    assert compare.returncode == 0, stdout + stderr
+    assert f"replay {replay[0]} is identical to {srid}" in stdout
+
+
+def test_replay_compare_reports_a_nondeterministic_handler_with_exit_1(
+    served: ServedControlPlane, tmp_path: Path
+) -> None:
+    doc = {
+        "id": "coin",
+        "steps": [
+            {
+                "id": "token",
+                "uses": "python",
+                "with": {"callable": f"{NONDETERMINISTIC}:fresh_token"},
+            }
+        ],
+    }
+    path = tmp_path / "coin.yaml"
+    path.write_text(json.dumps(doc))
+    srid, result = submitted(served, str(path))
+    ok(result)
+    compared = airt(served, "runs", "replay", srid, "--compare")
+    assert compared.returncode == 1, compared.stdout + compared.stderr
+    assert "replay differs from the original" in compared.stdout
+    assert "step token output:" in compared.stdout
+    as_json = airt(served, "runs", "replay", srid, "--compare", "--json")
+    assert as_json.returncode == 1
+    diff = json.loads(as_json.stdout)["diff"]
+    assert len(diff) == 1 and diff[0].startswith("step token output:")
