@@ -65,6 +65,10 @@ class _BehaviourFields(BaseModel):
     runtime_token: SecretStr | None = None
     """Bearer token the control plane presents to runtime instances' HTTP intake (the
     runtimes' ``AIRUNTIME_RUNTIME_TOKEN``); default none."""
+    claim_lease_ms: int = Field(default=30_000, ge=100, le=3_600_000)
+    """A pump that dies (or loses Redis) between claiming a queue item and settling it
+    holds the item this many milliseconds before another pump takes it (default 30000;
+    keep it above ``delivery_timeout_s``: a live pump's delivery must end within it)."""
     delivery_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """How long a delivery waits for a runtime to accept a run (default 10 s); the
     ``redis`` provider's blocking wait gets a socket timeout 5 s longer."""
@@ -104,9 +108,6 @@ class ControlPlaneSettings(_BehaviourFields):
     )
     """Logical identity, published for runtime-only hosts (discovery); default
     ``cp-<hostname>-<pid>``."""
-    claim_lease_ms: int = 30_000
-    """A pump that dies between claim and settle loses its item after this many
-    milliseconds (default 30000)."""
 
 
 class ControlPlaneServerSettings(EnvSettings, _BehaviourFields):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from airuntime.control_plane.settings import (
     ControlPlaneServerSettings,
@@ -147,6 +148,8 @@ def test_runtime_settings_keep_their_defaults_and_variables(clean_env: pytest.Mo
         "heartbeat_s": 2.0,
         "lease_ms": 15_000,
         "run_retention_s": 7 * 24 * 3600,
+        "archive": True,
+        "archive_hold_s": None,
         "redis_url": None,
         "http_host": "127.0.0.1",
         "http_port": 0,
@@ -200,6 +203,12 @@ def test_control_plane_settings_from_the_environment_only_for_the_server(
         False,
         False,
     )
+    clean_env.setenv("AIRUNTIME_CLAIM_LEASE_MS", "8000")
+    assert ControlPlaneServerSettings().control_plane_settings().claim_lease_ms == 8000
+    clean_env.setenv("AIRUNTIME_CLAIM_LEASE_MS", "5")
+    with pytest.raises(ValidationError, match="claim_lease_ms"):
+        ControlPlaneServerSettings()
+    clean_env.delenv("AIRUNTIME_CLAIM_LEASE_MS")
     # A control plane built in code (airt up, tests) reads no environment.
     built = ControlPlaneSettings(background_pump=False)
     assert built.submit_mode is SubmitMode.QUEUE_FIRST and built.pump_enabled

@@ -225,7 +225,8 @@ async def _cancel_run(world: World) -> None:
 async def _list_runs(world: World) -> None:
     own = await _submit(world, BOB, {"pipeline": B_PIPELINE})
     resp = await world.call("GET", "/v1/runs?limit=1000", BOB)
-    assert resp.status_code == 200 and [r["shared_run_id"] for r in resp.json()] == [own]
+    assert resp.status_code == 200, resp.text
+    assert [r["shared_run_id"] for r in resp.json()["runs"]] == [own]
     _assert_clean(world, resp, "GET /v1/runs (B)")
     assert (await world.call("GET", "/v1/runs", NOBODY)).status_code == 401
 
@@ -239,7 +240,7 @@ async def _submit_as_a(world: World) -> None:
         await world.call("POST", "/v1/runs", NOBODY, {"pipeline": B_PIPELINE})
     ).status_code == 401
     listed = (await world.call("GET", "/v1/runs", ALICE)).json()
-    assert {r["shared_run_id"] for r in listed} == {*world.a_finished, world.a_queued}
+    assert {r["shared_run_id"] for r in listed["runs"]} == {*world.a_finished, world.a_queued}
 
 
 async def _queue(world: World) -> None:
@@ -279,9 +280,38 @@ async def _tenant_settings(world: World) -> None:
     assert (await world.call("GET", "/v1/tenants/tenant-a/settings", NOBODY)).status_code == 401
 
 
+def _run_route(method: str, suffix: str, body: dict[str, Any] | None = None) -> Replay:
+    """A replay of a route on one of A's runs: B gets 404 and nothing of A's, nobody 401;
+    a steering route changes nothing of A's run."""
+
+    async def replay(world: World) -> None:
+        for srid in [*world.a_finished, world.a_queued]:
+            before = (await world.call("GET", f"/v1/runs/{srid}", ALICE)).json()
+            path = f"/v1/runs/{srid}{suffix}"
+            resp = await world.call(method, path, BOB, body)
+            assert resp.status_code == 404, (path, resp.text)
+            _assert_clean(world, resp, f"{method} /v1/runs/{{id}}{suffix} (B)", frozenset({srid}))
+            assert (await world.call(method, path, NOBODY, body)).status_code == 401
+            after = (await world.call("GET", f"/v1/runs/{srid}", ALICE)).json()
+            assert after["status"] == before["status"], f"B's {method} {suffix} moved A's run"
+        mine = (await world.call("GET", "/v1/runs?limit=1000", ALICE)).json()["runs"]
+        assert not [r for r in mine if r.get("replay_of")], "B's replay made no run of A's"
+
+    return replay
+
+
 REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/v1/runs/{shared_run_id}"): _get_run,
     ("POST", "/v1/runs/{shared_run_id}/cancel"): _cancel_run,
+    ("GET", "/v1/runs/{shared_run_id}/events"): _run_route("GET", "/events"),
+    ("GET", "/v1/runs/{shared_run_id}/trace"): _run_route("GET", "/trace"),
+    ("GET", "/v1/runs/{shared_run_id}/report"): _run_route("GET", "/report"),
+    ("POST", "/v1/runs/{shared_run_id}/input"): _run_route(
+        "POST", "/input", {"step": "a", "value": "from B"}
+    ),
+    ("POST", "/v1/runs/{shared_run_id}/pause"): _run_route("POST", "/pause"),
+    ("POST", "/v1/runs/{shared_run_id}/resume"): _run_route("POST", "/resume"),
+    ("POST", "/v1/runs/{shared_run_id}/replay"): _run_route("POST", "/replay"),
     ("GET", "/v1/runs"): _list_runs,
     ("POST", "/v1/runs"): _submit_as_a,
     ("GET", "/v1/queue"): _queue,
@@ -418,7 +448,7 @@ async def test_handler_escapes_are_refused_at_submit_naming_step_and_value(world
         assert problem["msg"].count(repr(step)) == 1, problem  # named once, not twice
         assert repr(value) in problem["msg"] and reason in problem["msg"], problem
     listed = (await world.call("GET", "/v1/runs", BOB)).json()
-    assert listed == [], "no refused pipeline became a run"
+    assert listed["runs"] == [], "no refused pipeline became a run"
 
 
 async def test_an_http_escape_known_only_at_run_time_fails_the_step_and_shows_nothing_of_a(

@@ -71,6 +71,11 @@ def test_execution_scripts_get_their_keys_then_the_indexes() -> None:
     n = len(EXECUTION_KEY_SUFFIXES)
     assert keys.for_script(n) == keys.all()
     assert keys.for_script(n + 1)[n:] == ["air:executions:active"]
-    assert keys.for_script(n + 2)[n:] == ["air:executions:active", "air:executions"]
-    with pytest.raises(ValueError, match="24"):
-        keys.for_script(n + 3)
+    assert keys.for_script(n + 2)[n:] == ["air:executions:active", "air:archive:outbox"]
+    assert keys.for_script(n + 3)[n:] == [
+        "air:executions:active",
+        "air:archive:outbox",
+        "air:executions",
+    ]
+    with pytest.raises(ValueError, match="25"):
+        keys.for_script(n + 4)

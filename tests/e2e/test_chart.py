@@ -732,6 +732,47 @@ def test_an_existing_runtime_token_secret_is_used_not_rendered(
     assert ref == {"name": "rt", "key": "bearer"}
 
 
+def test_the_history_dsn_reaches_the_control_plane_through_a_secret(
+    render: Callable[..., list[Doc]],
+) -> None:
+    dsn = "postgresql://airuntime:s3cret@postgres:5432/airuntime"
+    docs = render({"history": {"dsn": dsn}})
+    secret = one(docs, "Secret", "rel-airuntime-history")
+    assert base64.b64decode(secret["data"]["dsn"]).decode() == dsn
+    (cp,) = [c for w, _, c in workloads(docs) if component(w) == "control-plane"]
+    env = env_of(cp)
+    assert env["AIRUNTIME_HISTORY_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "rel-airuntime-history",
+        "key": "dsn",
+    }
+    assert env["AIRUNTIME_HISTORY_AUTO_MIGRATE"]["value"] == "true"
+    assert "s3cret" not in yaml.safe_dump([d for d in docs if d["kind"] != "Secret"])
+    # An existing Secret is referenced, not rendered; no DSN: no variable (SQLite on /tmp).
+    existing = render({"history": {"existingSecret": "pg", "existingSecretKey": "url"}})
+    assert not [d for d in objects(existing, "Secret") if "history" in d["metadata"]["name"]]
+    (cp,) = [c for w, _, c in workloads(existing) if component(w) == "control-plane"]
+    assert env_of(cp)["AIRUNTIME_HISTORY_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "pg",
+        "key": "url",
+    }
+    (cp,) = [c for w, _, c in workloads(render(None)) if component(w) == "control-plane"]
+    assert "AIRUNTIME_HISTORY_DSN" not in env_of(cp)
+
+
+def test_a_history_dsn_of_another_database_fails_to_render_without_its_password(
+    helm: str, tmp_path: Path
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"history": {"dsn": "mysql://u:hunter22@db/x"}}))
+    proc = subprocess.run(
+        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "history.dsn must start with postgresql://" in proc.stderr
+    assert "hunter22" not in proc.stderr
+
+
 def test_runtime_pods_admit_only_the_control_plane_and_the_scraper(
     render: Callable[..., list[Doc]],
 ) -> None:

@@ -58,7 +58,7 @@ def _conflict(message: str) -> HTTPException:
     responses={
         **WITH_BODY,
         **REFUSED,
-        422: error("The body is invalid, or the pipeline has no such step."),
+        # 422 (FastAPI's validation shape): the body is invalid, or no such step.
     },
 )
 async def provide_input(

@@ -191,3 +191,22 @@ imagePullSecrets:
 app.kubernetes.io/name: airuntime-runtime
 app.kubernetes.io/managed-by: airuntime-operator
 {{- end }}
+
+{{/* The durable history's DSN Secret (history.existingSecret, or the chart's own). */}}
+{{- define "airuntime.history.secretName" -}}
+{{- default (printf "%s-history" (include "airuntime.fullname" .)) .Values.history.existingSecret }}
+{{- end }}
+
+{{/* AIRUNTIME_HISTORY_* of the control plane: the DSN from its Secret when one is given. */}}
+{{- define "airuntime.historyEnv" -}}
+{{- $h := .Values.history -}}
+{{- if or $h.dsn $h.existingSecret }}
+- name: AIRUNTIME_HISTORY_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "airuntime.history.secretName" . }}
+      key: {{ if $h.existingSecret }}{{ $h.existingSecretKey }}{{ else }}dsn{{ end }}
+- name: AIRUNTIME_HISTORY_AUTO_MIGRATE
+  value: {{ $h.autoMigrate | quote }}
+{{- end }}
+{{- end }}
