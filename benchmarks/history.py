@@ -134,6 +134,7 @@ async def engine_overhead(url: str, dsn: str, n: int, rounds: int = 2) -> dict[s
         "rounds": rounds,
         "steps_per_s_archive_off": round(steps / off, 1),
         "steps_per_s_archive_on": round(steps / on, 1),
+        "runs_with_archiving": rounds * n,
         "archived_while_running": archived,
         "ratio_on_off": round(off / on, 3),
         "target_ratio": 0.9,

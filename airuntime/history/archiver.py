@@ -120,7 +120,7 @@ async def capture_execution(redis: Redis, execution_id: str) -> Captured | Liter
         # The runtime appends its step-slot evidence to the ledger before it finishes
         # the run: read the ledger again now that the run is seen finished, or an entry
         # written between the first read and the finish would be lost to the archive.
-        events = _events(execution_id, await redis.xrange(ek.events))
+        events = _events(execution_id, list(await redis.xrange(ek.events) or []))
     run = run or {}
     record = ArchivedExecution(
         execution_id=execution_id,
