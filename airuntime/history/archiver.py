@@ -116,6 +116,11 @@ async def capture_execution(redis: Redis, execution_id: str) -> Captured | Liter
     run = await _run_record(redis, events)
     if run is not None and run.get("status") and run["status"] not in _TERMINAL_RUN:
         return False
+    if run:
+        # The runtime appends its step-slot evidence to the ledger before it finishes
+        # the run: read the ledger again now that the run is seen finished, or an entry
+        # written between the first read and the finish would be lost to the archive.
+        events = _events(execution_id, list(await redis.xrange(ek.events) or []))
     run = run or {}
     record = ArchivedExecution(
         execution_id=execution_id,

@@ -12,6 +12,7 @@ import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -21,6 +22,7 @@ from airuntime.core.supervision import Backoff, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.history import HistoryStore, open_history_store
+from airuntime.history import archiver as archiver_module
 from airuntime.history.archiver import ExecutionArchiver, capture_execution
 from airuntime.history.dsn import parse_dsn
 from airuntime.history.migrate import upgrade
@@ -203,3 +205,33 @@ async def test_stopped_postgresql_blocks_nothing_and_the_archive_catches_up(
     finally:
         await supervisor.stop()
         await history.close()
+
+
+async def test_evidence_the_runtime_writes_while_the_archiver_looks_is_archived(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime appends its step-slot evidence, then finishes the run; an archiver
+    that read the ledger just before and sees the run finished just after still
+    archives the evidence (it reads the ledger again once the run is finished)."""
+    (eid,) = await run_executions(redis, 1, retention_s=RETENTION_S, hold_s=HOLD_S)
+    store = ExecutionStore(redis)
+    assert await store.record_event(eid, "run_started", {"run_id": "run-late"})
+    await redis.hset(keys.run("run-late"), mapping={"run_id": "run-late", "status": "running"})
+    real = archiver_module._run_record
+    acted = asyncio.Event()
+
+    async def runtime_acts_in_between(r: Redis, events: list[Any]) -> dict[str, str] | None:
+        # Between the archiver's ledger read and its run-record read: evidence, finish.
+        assert not [e for e in events if e.type == "step_slots"]
+        assert await store.record_event(eid, "step_slots", {"admitted": "4"})
+        await redis.hset(keys.run("run-late"), "status", "completed")
+        acted.set()
+        return await real(r, events)
+
+    monkeypatch.setattr(archiver_module, "_run_record", runtime_acts_in_between)
+    captured = await capture_execution(redis, eid)
+    assert acted.is_set()
+    assert captured, captured
+    types = [e.type for e in captured.events]
+    assert types[-2:] == ["run_started", "step_slots"], types
+    assert [e.seq for e in captured.events] == list(range(len(types)))
