@@ -245,7 +245,11 @@ class Participation:
         if not self.cancelling:
             self.cancelling = True
             log.info("execution %s cancelled: stopping %d steps", self.eid, len(self.running))
-        for run in list(self.running.values()):
+        runs = list(self.running.values())
+        # Withdraw the attempts still waiting for a handler thread before stopping the
+        # ones a thread runs: a running sync handler that notices its cancel frees its
+        # thread at once, and a queued attempt not yet withdrawn would start on it.
+        for run in sorted(runs, key=lambda r: r.thread_running()):
             run.stop()
 
     def control_notice(self) -> None:

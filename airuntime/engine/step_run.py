@@ -99,6 +99,11 @@ class StepRun:
         if not in_thread:
             self.task.cancel()  # an async handler, or one still waiting for a slot or thread
 
+    def thread_running(self) -> bool:
+        """True while a handler thread runs this attempt's sync handler."""
+        future = self.ctx._thread_future if self.ctx is not None else None
+        return future is not None and future.running()
+
     def lose(self) -> None:
         """The claim is gone (recovered elsewhere, or the participation ends): stop the
         local run and report nothing."""
