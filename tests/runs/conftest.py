@@ -9,6 +9,7 @@ history fixtures are the durable-history suite's own (``tests/history/conftest.p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -65,11 +66,28 @@ async def hot(valkey_url: str) -> AsyncIterator[Redis]:
         await client.aclose()
 
 
-@pytest_asyncio.fixture
-async def api(hot: Redis, store: HistoryStore) -> AsyncIterator[Api]:
-    host = RuntimeHost(hot, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
+@asynccontextmanager
+async def serving_api(
+    hot: Redis,
+    store: HistoryStore,
+    config: InstanceConfig | None = None,
+    settings: ControlPlaneSettings | None = None,
+    *,
+    archive: bool = False,
+) -> AsyncIterator[Api]:
+    """A runtime host and a control plane on ``hot`` behind the API app reading ``store``;
+    with ``archive`` the control plane's archivers also write to ``store``."""
+    host = RuntimeHost(
+        hot, config or InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1
+    )
     await host.start()
-    cp = ControlPlane(hot, ControlPlaneSettings(scale_out_enabled=False))
+    cp = ControlPlane(
+        hot,
+        settings or ControlPlaneSettings(scale_out_enabled=False),
+        history=store if archive else None,
+    )
+    if cp.archiver is not None:
+        cp.archiver.idle_s = 0.05
     for inst in host.instances:
         cp.local.add(inst)
     await cp.start()
@@ -82,3 +100,9 @@ async def api(hot: Redis, store: HistoryStore) -> AsyncIterator[Api]:
         await client.aclose()
         await cp.stop()
         await host.stop()
+
+
+@pytest_asyncio.fixture
+async def api(hot: Redis, store: HistoryStore) -> AsyncIterator[Api]:
+    async with serving_api(hot, store) as served:
+        yield served

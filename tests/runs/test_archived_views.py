@@ -13,20 +13,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.control_plane.api import create_app
-from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core import keys
 from airuntime.history import HistoryStore
 from runtime_pod.config import InstanceConfig
-from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import wait_for
-from tests.runs.conftest import Api, authenticator
+from tests.runs.conftest import Api, serving_api
 from tests.runs.support import FAN, ended, submit
 from tests.runs.test_reads import _views
 
@@ -40,26 +36,12 @@ async def archiving_api(hot: Redis, store: HistoryStore) -> AsyncIterator[Api]:
     """The ``api`` fixture's stack, with the control plane archiving to ``store`` and a
     one-second retention window everywhere."""
     config = InstanceConfig(workers=4, heartbeat_s=0.5, assist=False, run_retention_s=1)
-    host = RuntimeHost(hot, config, instances=1)
-    await host.start()
     settings = ControlPlaneSettings(
         scale_out_enabled=False, retention_s=1, retention_interval_s=0.2
     )
-    cp = ControlPlane(hot, settings, history=store)
-    assert cp.archiver is not None
-    cp.archiver.idle_s = 0.05
-    for inst in host.instances:
-        cp.local.add(inst)
-    await cp.start()
-    await cp.wait_started()
-    app = create_app(cp, authenticator(), history=store)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp")
-    try:
-        yield Api(client, cp, hot, store)
-    finally:
-        await client.aclose()
-        await cp.stop()
-        await host.stop()
+    async with serving_api(hot, store, config, settings, archive=True) as served:
+        assert served.cp.archiver is not None
+        yield served
 
 
 async def _hot_keys(redis: Redis, srid: str, execution_id: str) -> list[str]:

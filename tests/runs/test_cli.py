@@ -10,9 +10,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -20,6 +20,8 @@ import pytest
 from airuntime.examples import all_examples
 from tests.runs.archive import archive_and_expire
 from tests.runs.served import ServedControlPlane
+
+T = TypeVar("T")
 
 NONDETERMINISTIC = "tests.runs.nondeterministic"
 
@@ -135,13 +137,8 @@ def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPla
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            show = json.loads(ok(airt(served, "runs", "show", srid, "--json")))
-            if (show.get("steps") or {}).get("approve", {}).get("status") == "input_wait":
-                break
-            assert time.monotonic() < deadline, show
-            time.sleep(0.05)
+        with _http(served) as http:
+            _until(lambda: _waiting_for_input(http, srid), "approve waits for its answer")
         refused = airt(served, "runs", "answer", srid, "draft", '"x"')
         assert refused.returncode == 2 and "step 'draft' is completed" in refused.stderr
         assert json.loads(ok(airt(served, "runs", "pause", srid)))["status"] in (
@@ -179,14 +176,23 @@ def _http(served: ServedControlPlane) -> httpx.Client:
     return httpx.Client(base_url=served.url, headers=headers, timeout=30)
 
 
-def _answer_when_waiting(http: httpx.Client, srid: str, value: Any) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        steps = http.get(f"/v1/runs/{srid}").json().get("steps") or {}
-        if steps.get("approve", {}).get("status") == "input_wait":
-            break
-        assert time.monotonic() < deadline, steps
+def _until(probe: Callable[[], T | None], what: str, timeout_s: float = 60) -> T:
+    """Poll ``probe`` (a condition held by another process: the served control plane)
+    until it answers, or fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while (found := probe()) is None or found is False:
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+    return found
+
+
+def _waiting_for_input(http: httpx.Client, srid: str) -> bool:
+    steps = http.get(f"/v1/runs/{srid}").json().get("steps") or {}
+    return bool(steps.get("approve", {}).get("status") == "input_wait")
+
+
+def _answer_when_waiting(http: httpx.Client, srid: str, value: Any) -> None:
+    _until(lambda: _waiting_for_input(http, srid), f"{srid} to wait for its answer")
     resp = http.post(f"/v1/runs/{srid}/input", json={"step": "approve", "value": value})
     assert resp.status_code == 200, resp.text
 
@@ -206,13 +212,12 @@ def _replay_an_answered_run(served: ServedControlPlane) -> None:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 60
-            replay: list[str] = []
-            while not replay:
+
+            def replays() -> list[str] | None:
                 runs = http.get("/v1/runs").json()["runs"]
-                replay = [r["shared_run_id"] for r in runs if r.get("replay_of") == srid]
-                assert time.monotonic() < deadline, "the replay was never submitted"
-                time.sleep(0.05)
+                return [r["shared_run_id"] for r in runs if r.get("replay_of") == srid] or None
+
+            replay = _until(replays, "the replay to be submitted")
             _answer_when_waiting(http, replay[0], answer)
             stdout, stderr = compare.communicate(timeout=120)
         finally:
