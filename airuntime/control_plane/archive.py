@@ -23,7 +23,7 @@ from airuntime.control_plane.retention import RetentionPolicy
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
 from airuntime.core.supervision import LoopContext
-from airuntime.history.errors import HistoryError
+from airuntime.history.errors import HistoryError, HistoryUnavailable
 from airuntime.history.records import ArchivedSharedRun
 from airuntime.history.store import HistoryStore
 
@@ -79,7 +79,7 @@ class SharedRunArchiver:
                 self.stats.errors += 1
                 raise
             ctx.ok()
-            if done == 0:
+            if done < self.batch:  # caught up: let the next batch gather
                 await asyncio.sleep(self.idle_s)
 
     async def backlog(self) -> int:
@@ -91,13 +91,37 @@ class SharedRunArchiver:
         if not ids:
             return 0
         found = {r.shared_run_id: r for r in await self.runs.get_many(ids)}
-        for srid in ids:
-            run = found.get(srid)
-            if run is not None:
-                await self.store.upsert_shared_run(archived_shared_run(run))
-                self.stats.archived += 1
-            await self.redis.zrem(keys.shared_run_archive_outbox(), srid)
+        # One transaction for the batch; an entry leaves the outbox only after it (ids
+        # whose run is gone leave too: there is nothing to archive).
+        refused = await self._write([archived_shared_run(r) for r in found.values()])
+        self.stats.archived += len(found) - len(refused)
+        await self.redis.zrem(
+            keys.shared_run_archive_outbox(), *[i for i in ids if i not in refused]
+        )
         return len(ids)
+
+    async def _write(self, records: list[ArchivedSharedRun]) -> set[str]:
+        """Upsert the batch in one transaction; when the store refuses it (not a
+        connection problem), one by one so a refused run holds back only itself (it
+        stays in the outbox, logged and counted). Returns the refused ids."""
+        try:
+            await self.store.upsert_shared_runs(records)
+            return set()
+        except HistoryUnavailable:
+            raise
+        except HistoryError:
+            pass
+        refused: set[str] = set()
+        for record in records:
+            try:
+                await self.store.upsert_shared_run(record)
+            except HistoryUnavailable:
+                raise
+            except HistoryError as error:
+                self.stats.errors += 1
+                refused.add(record.shared_run_id)
+                log.error("shared run %s not archived: %s", record.shared_run_id, error)
+        return refused
 
 
 class ArchivingRetentionPolicy(RetentionPolicy):

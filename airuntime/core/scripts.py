@@ -104,6 +104,36 @@ class ScriptLibrary:
             await redis.script_load(script.source)
             return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
 
+    async def call_many(
+        self,
+        redis: Redis,
+        name: str,
+        calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]],
+    ) -> list[Any]:
+        """The same script called once per ``(keys, args)``, pipelined (one round trip,
+        not atomic as a whole: each call is). Loads the script first when the server
+        does not have it, so the calls must be safe to run again (idempotent)."""
+        script = self[name]
+        for call_keys, _ in calls:
+            if len(call_keys) != script.num_keys:
+                raise ScriptError(
+                    f"Lua script {name!r} takes {script.num_keys} keys, "
+                    f"was called with {len(call_keys)}."
+                )
+        if not calls:
+            return []
+        for attempt in (1, 2):
+            pipe = redis.pipeline(transaction=False)
+            for call_keys, args in calls:
+                pipe.evalsha(script.sha, script.num_keys, *call_keys, *args)
+            try:
+                return list(await pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                await redis.script_load(script.source)
+        raise AssertionError("unreachable")
+
 
 @cache
 def library() -> ScriptLibrary:

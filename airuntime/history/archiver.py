@@ -7,12 +7,12 @@ gives the keys a long fallback TTL instead of the retention TTL. This loop:
 
 1. leases due outbox entries (``claimArchive-1.lua``: score -> now + lease), so an
    archiver that dies mid-way loses nothing -- the entry is due again after the lease;
-2. captures the execution as Redis holds it (meta, plan, terminal snapshot, the whole
-   ledger in one MULTI; the runtime's run record for run id, shared run id and step-slot
+2. captures the executions as Redis holds them (meta, plan, terminal snapshot, the
+   whole ledger; the runtime's run record for run id, shared run id and step-slot
    evidence), waiting while the runtime has not yet recorded the run's end (its
    evidence is appended to the ledger right after finalization);
-3. ``upsert_execution`` (idempotent: a second archive of the same execution is the
-   same row set);
+3. ``upsert_executions`` for the batch in one transaction (idempotent: a second
+   archive of the same execution is the same row set);
 4. THEN settles (``settleArchive-22.lua``: out of the outbox, retention TTL on the
    keys, one step). A crash between 3 and 4 re-archives the same rows; after 4 nothing
    is archived again.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,10 +36,17 @@ from redis.asyncio import Redis
 from airuntime.core import keys
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
+from airuntime.history.errors import HistoryError, HistoryUnavailable
 from airuntime.history.records import ArchivedEvent, ArchivedExecution
 from airuntime.history.store import HistoryStore
 
-__all__ = ["ArchiveStats", "Captured", "ExecutionArchiver", "capture_execution"]
+__all__ = [
+    "ArchiveStats",
+    "Captured",
+    "ExecutionArchiver",
+    "capture_execution",
+    "capture_executions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,60 +92,117 @@ def _events(eid: str, raw: list[Any]) -> list[ArchivedEvent]:
     return out
 
 
-async def _run_record(redis: Redis, events: list[ArchivedEvent]) -> dict[str, str] | None:
-    """The runtime's run record (``air:run:<RunId>``) of the execution, if it has one:
-    the ``run_started`` ledger entry names the RunId. ``{}``: the record is gone."""
-    run_id = next((e.fields.get("run_id") for e in events if e.type == "run_started"), None)
-    if not run_id:
-        return None
-    names = ["run_id", "status", "shared_run_id", "step_slots"]
-    values = await redis.hmget(keys.run(run_id), names)
+def _run_id(events: list[ArchivedEvent]) -> str | None:
+    """The RunId the ``run_started`` ledger entry names (the runtime's run record)."""
+    return next((e.fields.get("run_id") for e in events if e.type == "run_started"), None)
+
+
+_RUN_FIELDS = ["run_id", "status", "shared_run_id", "step_slots"]
+
+
+def _run_record(run_id: str, values: list[Any]) -> dict[str, str]:
+    """The run record's fields; only ``run_id`` when the record is gone."""
     if values[0] is None:
         return {"run_id": run_id}
-    return {n: _s(v) for n, v in zip(names, values, strict=True) if v is not None}
+    return {n: _s(v) for n, v in zip(_RUN_FIELDS, values, strict=True) if v is not None}
 
 
-async def capture_execution(redis: Redis, execution_id: str) -> Captured | Literal[False] | None:
-    """The execution as Redis holds it; None when its keys are gone; False when it is
-    not ready to archive (not finalized, or its runtime has not finished the run)."""
-    ek = keys.execution_keys(execution_id)
-    pipe = redis.pipeline(transaction=True)
-    pipe.hgetall(ek.meta)
-    pipe.get(ek.plan)
-    pipe.get(ek.snapshot)
-    pipe.xrange(ek.events)
-    raw_meta, plan, snapshot, raw_events = await pipe.execute()
-    if not raw_meta:
-        return None
-    m = {_s(k): _s(v) for k, v in raw_meta.items()}
-    if not m.get("terminal") or snapshot is None or plan is None:
-        return False
-    events = _events(execution_id, raw_events)
-    run = await _run_record(redis, events)
-    if run is not None and run.get("status") and run["status"] not in _TERMINAL_RUN:
-        return False
-    if run:
-        # The runtime appends its step-slot evidence to the ledger before it finishes
-        # the run: read the ledger again now that the run is seen finished, or an entry
-        # written between the first read and the finish would be lost to the archive.
-        events = _events(execution_id, list(await redis.xrange(ek.events) or []))
-    run = run or {}
-    record = ArchivedExecution(
+async def _read_run_records(redis: Redis, run_ids: list[str]) -> list[dict[str, str]]:
+    """The runtime's run records (``air:run:<RunId>``), one round trip."""
+    pipe = redis.pipeline(transaction=False)
+    for rid in run_ids:
+        pipe.hmget(keys.run(rid), _RUN_FIELDS)
+    return [_run_record(rid, v) for rid, v in zip(run_ids, await pipe.execute(), strict=True)]
+
+
+@dataclass
+class _Hot:
+    """What the first read of one execution found."""
+
+    meta: dict[str, str]
+    plan: bytes
+    snapshot: bytes
+    events: list[ArchivedEvent]
+    run: dict[str, str] | None = None
+
+
+def _record(execution_id: str, hot: _Hot) -> ArchivedExecution:
+    m, run = hot.meta, hot.run or {}
+    return ArchivedExecution(
         execution_id=execution_id,
         tenant_id=m.get("tenant_id") or UNOWNED_TENANT,
         pipeline_id=m.get("pipeline_id", ""),
         status=m["terminal"],
         created_ms=int(m.get("created_at") or 0),
         finished_ms=_opt_int(m.get("finished_at")),
-        plan=json.loads(plan),
+        plan=json.loads(hot.plan),
         inputs=json.loads(m.get("inputs") or "{}"),
         context=json.loads(m["context"]) if m.get("context") else {},
-        snapshot=json.loads(snapshot),
+        snapshot=json.loads(hot.snapshot),
         step_slots=json.loads(run["step_slots"]) if run.get("step_slots") else None,
         run_id=run.get("run_id"),
         shared_run_id=run.get("shared_run_id"),
     )
-    return Captured(record, events)
+
+
+async def capture_executions(
+    redis: Redis, execution_ids: Sequence[str]
+) -> dict[str, Captured | Literal[False] | None]:
+    """Each execution as Redis holds it (:func:`capture_execution`), in three round
+    trips for the whole batch: the executions' keys; the run records of those that
+    have one; their ledgers again for those whose run is seen finished."""
+    out: dict[str, Captured | Literal[False] | None] = {}
+    pipe = redis.pipeline(transaction=False)
+    for eid in execution_ids:
+        ek = keys.execution_keys(eid)
+        pipe.hgetall(ek.meta)
+        pipe.get(ek.plan)
+        pipe.get(ek.snapshot)
+        pipe.xrange(ek.events)
+    raw = await pipe.execute()
+    hot: dict[str, _Hot] = {}
+    for i, eid in enumerate(execution_ids):
+        raw_meta, plan, snapshot, raw_events = raw[4 * i : 4 * i + 4]
+        if not raw_meta:
+            out[eid] = None
+            continue
+        m = {_s(k): _s(v) for k, v in raw_meta.items()}
+        # `terminal` and the snapshot are written by the same finalize script, so a
+        # meta that says terminal has its snapshot; the plan is written at creation.
+        if not m.get("terminal") or snapshot is None or plan is None:
+            out[eid] = False
+            continue
+        hot[eid] = _Hot(m, plan, snapshot, _events(eid, raw_events))
+    with_runs = {eid: rid for eid, h in hot.items() if (rid := _run_id(h.events))}
+    if with_runs:
+        records = await _read_run_records(redis, list(with_runs.values()))
+        for eid, record in zip(with_runs, records, strict=True):
+            hot[eid].run = record
+    # The runtime appends its step-slot evidence to the ledger before it finishes the
+    # run: a run not finished yet is not ready; for one seen finished, read the ledger
+    # again, or an entry written between the first read and the finish would be lost.
+    reread: list[str] = []
+    for eid, h in hot.items():
+        status = (h.run or {}).get("status")
+        if status and status not in _TERMINAL_RUN:
+            out[eid] = False
+        elif h.run:
+            reread.append(eid)
+    if reread:
+        pipe = redis.pipeline(transaction=False)
+        for eid in reread:
+            pipe.xrange(keys.execution_keys(eid).events)
+        for eid, raw_events in zip(reread, await pipe.execute(), strict=True):
+            hot[eid].events = _events(eid, list(raw_events or []))
+    for eid, h in hot.items():
+        out.setdefault(eid, Captured(_record(eid, h), h.events))
+    return {eid: out[eid] for eid in execution_ids}
+
+
+async def capture_execution(redis: Redis, execution_id: str) -> Captured | Literal[False] | None:
+    """The execution as Redis holds it; None when its keys are gone; False when it is
+    not ready to archive (not finalized, or its runtime has not finished the run)."""
+    return (await capture_executions(redis, [execution_id]))[execution_id]
 
 
 class ExecutionArchiver:
@@ -148,7 +213,7 @@ class ExecutionArchiver:
         redis: Redis,
         store: HistoryStore,
         *,
-        batch: int = 64,
+        batch: int = 256,
         lease_ms: int = 30_000,
         defer_ms: int = 500,
         idle_s: float = 0.5,
@@ -171,7 +236,7 @@ class ExecutionArchiver:
                 self.stats.errors += 1
                 raise
             ctx.ok()
-            if done == 0:
+            if done < self.batch:  # caught up: let the next batch gather
                 await asyncio.sleep(self.idle_s)
 
     async def backlog(self) -> int:
@@ -185,35 +250,66 @@ class ExecutionArchiver:
         return [_s(x) for x in raw]
 
     async def archive_once(self) -> int:
-        """Lease one batch and archive it; how many entries were settled or deferred."""
+        """Lease one batch and archive it; how many entries were settled or deferred.
+
+        The whole batch costs a constant number of round trips and one durable
+        transaction: capture (:func:`capture_executions`), one upsert of every ready
+        execution, then one pipelined settle. A crash anywhere before the settle leaves
+        the batch leased, to be archived again (idempotently) once the lease is due."""
         ids = await self.lease()
-        for eid in ids:
-            await self.archive(eid)
+        if not ids:
+            return 0
+        captured = await capture_executions(self.redis, ids)
+        ready = [c for c in captured.values() if c]
+        deferred = [eid for eid, c in captured.items() if c is False]
+        vanished = [eid for eid, c in captured.items() if c is None]
+        if deferred:
+            self.stats.deferred += len(deferred)
+            due = await self._redis_ms() + self.defer_ms
+            await self.redis.zadd(keys.archive_outbox(), dict.fromkeys(deferred, due), xx=True)
+        if vanished:
+            self.stats.vanished += len(vanished)
+            log.warning("executions %s expired before they were archived", ", ".join(vanished))
+            await self.redis.zrem(keys.archive_outbox(), *vanished)
+        if ready:
+            ready = await self._write(ready)
+            await self.settle([c.record.execution_id for c in ready])
+            self.stats.archived += len(ready)
+            self.stats.rows += sum(1 + len(c.events) for c in ready)
         return len(ids)
 
-    async def archive(self, execution_id: str) -> bool:
-        """Archive one leased execution; True when it is archived and settled."""
-        captured = await capture_execution(self.redis, execution_id)
-        if captured is False:
-            self.stats.deferred += 1
-            due = await self._redis_ms() + self.defer_ms
-            await self.redis.zadd(keys.archive_outbox(), {execution_id: due}, xx=True)
-            return False
-        if captured is None:
-            self.stats.vanished += 1
-            log.warning("execution %s expired before it was archived", execution_id)
-            await self.redis.zrem(keys.archive_outbox(), execution_id)
-            return False
-        await self.store.upsert_execution(captured.record, captured.events)
-        await self.settle(execution_id)
-        self.stats.archived += 1
-        self.stats.rows += 1 + len(captured.events)
-        return True
+    async def _write(self, ready: list[Captured]) -> list[Captured]:
+        """Upsert the batch in one transaction; when the store refuses it (not a
+        connection problem: e.g. an execution archived for another tenant), write one
+        by one so a poisoned entry holds back only itself. It stays leased, reported in
+        the log and the error count, and is tried again when its lease is due."""
+        try:
+            await self.store.upsert_executions([(c.record, c.events) for c in ready])
+            return ready
+        except HistoryUnavailable:
+            raise
+        except HistoryError:
+            pass
+        written: list[Captured] = []
+        for c in ready:
+            try:
+                await self.store.upsert_execution(c.record, c.events)
+                written.append(c)
+            except HistoryUnavailable:
+                raise
+            except HistoryError as error:
+                self.stats.errors += 1
+                log.error("execution %s not archived: %s", c.record.execution_id, error)
+        return written
 
-    async def settle(self, execution_id: str) -> None:
-        """Out of the outbox, retention TTL on the keys (after the durable write)."""
-        script_keys = [*keys.execution_keys(execution_id).all(), keys.archive_outbox()]
-        await self.scripts.call(self.redis, "settleArchive", script_keys, [execution_id])
+    async def settle(self, execution_ids: Sequence[str]) -> None:
+        """Out of the outbox, retention TTL on the keys (after the durable write); one
+        pipelined ``settleArchive`` per execution."""
+        calls = [
+            ([*keys.execution_keys(eid).all(), keys.archive_outbox()], [eid])
+            for eid in execution_ids
+        ]
+        await self.scripts.call_many(self.redis, "settleArchive", calls)
 
     async def _redis_ms(self) -> int:
         sec, usec = await self.redis.time()

@@ -175,6 +175,11 @@ def event_params(event: ArchivedEvent) -> dict[str, Any]:
     }
 
 
+def event_rows(record: ArchivedExecution, events: Iterable[ArchivedEvent]) -> list[dict[str, Any]]:
+    """The parameter rows of an execution's events, one per seq in seq order."""
+    return [event_params(e) for e in prepare_events(record, events)]
+
+
 def event_from_row(row: Row) -> ArchivedEvent:
     values = dict(zip(EVENT_COLUMNS, row, strict=True))
     key = f"{values['execution_id']}/{values['seq']}"

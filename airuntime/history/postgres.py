@@ -156,16 +156,29 @@ class PostgresHistoryStore(HistoryStore):
     async def upsert_execution(
         self, record: ArchivedExecution, events: Iterable[ArchivedEvent] = ()
     ) -> None:
-        params = codec.execution_params(record)
-        rows = [codec.event_params(e) for e in codec.prepare_events(record, events)]
+        await self.upsert_executions([(record, events)])
+
+    async def upsert_executions(
+        self, items: Sequence[tuple[ArchivedExecution, Iterable[ArchivedEvent]]]
+    ) -> None:
+        # Rows are locked in execution-id (then seq) order by every writer, so two
+        # archivers re-archiving overlapping batches cannot deadlock each other.
+        batch = sorted(
+            (
+                (record.execution_id, codec.execution_params(record), codec.event_rows(record, ev))
+                for record, ev in items
+            ),
+            key=lambda item: item[0],
+        )
         for attempt in range(1, _WRITE_ATTEMPTS + 1):
             try:
                 async with self._connection() as conn, conn.transaction():
-                    cur = await conn.execute(q(sql.UPSERT_EXECUTION), params)
-                    if cur.rowcount == 0:
-                        raise tenant_conflict("execution", record.execution_id)
-                    if rows:
-                        await cur.executemany(q(sql.UPSERT_EVENT), rows)
+                    for execution_id, params, rows in batch:
+                        cur = await conn.execute(q(sql.UPSERT_EXECUTION), params)
+                        if cur.rowcount == 0:
+                            raise tenant_conflict("execution", execution_id)
+                        if rows:
+                            await cur.executemany(q(sql.UPSERT_EVENT), rows)
                 return
             except HistoryUnavailable as error:
                 retryable = isinstance(
@@ -176,11 +189,19 @@ class PostgresHistoryStore(HistoryStore):
                     raise
 
     async def upsert_shared_run(self, record: ArchivedSharedRun) -> None:
-        params = codec.shared_run_params(record)
+        await self.upsert_shared_runs([record])
+
+    async def upsert_shared_runs(self, records: Sequence[ArchivedSharedRun]) -> None:
+        batch = sorted(
+            ((r.shared_run_id, codec.shared_run_params(r)) for r in records), key=lambda b: b[0]
+        )
+        if not batch:
+            return
         async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(q(sql.UPSERT_SHARED_RUN), params)
-            if cur.rowcount == 0:
-                raise tenant_conflict("shared run", record.shared_run_id)
+            for shared_run_id, params in batch:
+                cur = await conn.execute(q(sql.UPSERT_SHARED_RUN), params)
+                if cur.rowcount == 0:
+                    raise tenant_conflict("shared run", shared_run_id)
 
     async def get_execution(
         self, execution_id: str, tenant_id: str | None

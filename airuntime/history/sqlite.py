@@ -150,7 +150,7 @@ class SqliteHistoryStore(HistoryStore):
         self, record: ArchivedExecution, events: Iterable[ArchivedEvent] = ()
     ) -> None:
         params = codec.execution_params(record)
-        rows = [codec.event_params(e) for e in codec.prepare_events(record, events)]
+        rows = codec.event_rows(record, events)
 
         def statements(db: sqlite3.Connection) -> None:
             if db.execute(sql.UPSERT_EXECUTION, params).rowcount == 0:
@@ -159,12 +159,34 @@ class SqliteHistoryStore(HistoryStore):
 
         await self._run(partial(self._write, statements))
 
-    async def upsert_shared_run(self, record: ArchivedSharedRun) -> None:
-        params = codec.shared_run_params(record)
+    async def upsert_executions(
+        self, items: Sequence[tuple[ArchivedExecution, Iterable[ArchivedEvent]]]
+    ) -> None:
+        batch = [
+            (record, codec.execution_params(record), codec.event_rows(record, events))
+            for record, events in items
+        ]
 
         def statements(db: sqlite3.Connection) -> None:
-            if db.execute(sql.UPSERT_SHARED_RUN, params).rowcount == 0:
-                raise tenant_conflict("shared run", record.shared_run_id)
+            for record, params, rows in batch:
+                if db.execute(sql.UPSERT_EXECUTION, params).rowcount == 0:
+                    raise tenant_conflict("execution", record.execution_id)
+                db.executemany(sql.UPSERT_EVENT, rows)
+
+        await self._run(partial(self._write, statements))
+
+    async def upsert_shared_run(self, record: ArchivedSharedRun) -> None:
+        await self.upsert_shared_runs([record])
+
+    async def upsert_shared_runs(self, records: Sequence[ArchivedSharedRun]) -> None:
+        batch = [(r.shared_run_id, codec.shared_run_params(r)) for r in records]
+        if not batch:
+            return
+
+        def statements(db: sqlite3.Connection) -> None:
+            for shared_run_id, params in batch:
+                if db.execute(sql.UPSERT_SHARED_RUN, params).rowcount == 0:
+                    raise tenant_conflict("shared run", shared_run_id)
 
         await self._run(partial(self._write, statements))
 

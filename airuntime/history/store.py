@@ -64,9 +64,23 @@ class HistoryStore(ABC):
     ) -> None:
         """Archive an execution and (some or all of) its ledger, in one transaction."""
 
+    async def upsert_executions(
+        self, items: Sequence[tuple[ArchivedExecution, Iterable[ArchivedEvent]]]
+    ) -> None:
+        """Archive several executions with their ledgers, in one transaction (all or
+        none). The implementations override this default, which writes one by one."""
+        for record, events in items:
+            await self.upsert_execution(record, events)
+
     @abstractmethod
     async def upsert_shared_run(self, record: ArchivedSharedRun) -> None:
         """Archive a shared run (idempotent by its id)."""
+
+    async def upsert_shared_runs(self, records: Sequence[ArchivedSharedRun]) -> None:
+        """Archive several shared runs in one transaction (all or none). The
+        implementations override this default, which writes one by one."""
+        for record in records:
+            await self.upsert_shared_run(record)
 
     @abstractmethod
     async def get_execution(

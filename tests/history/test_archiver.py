@@ -9,10 +9,10 @@ rows; a history that is down blocks no execution and the archive catches up late
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -108,10 +108,32 @@ async def test_archive_equals_what_redis_held_then_settles(
     assert await archiver.archive_once() == 0, "settled entries are never archived again"
 
 
+async def test_a_refused_execution_holds_back_only_itself(
+    redis: Redis, history: HistoryStore
+) -> None:
+    """A batch is one transaction; when the store refuses one execution of it (here:
+    its id is archived for another tenant), the others are archived and settled, the
+    refused one stays in the outbox, counted as an error, and is never overwritten."""
+    eids = await run_executions(redis, 4, retention_s=RETENTION_S, hold_s=HOLD_S)
+    poisoned = await capture_execution(redis, eids[2])
+    assert poisoned
+    squatter = dataclasses.replace(poisoned.record, tenant_id="tenant-squatter")
+    await history.upsert_execution(squatter, [])
+    archiver = ExecutionArchiver(redis, history, lease_ms=60_000)
+    assert await archiver.archive_once() == 4
+    assert archiver.stats.archived == 3
+    assert archiver.stats.errors == 1
+    assert list(await _outbox(redis)) == [eids[2]]
+    for eid in (eids[0], eids[1], eids[3]):
+        assert await history.get_execution(eid, None) is not None
+    kept = await history.get_execution(eids[2], None)
+    assert kept is not None and kept.tenant_id == "tenant-squatter"
+
+
 class _CrashAfterWrite(ExecutionArchiver):
     """Dies between the durable write and the settle (a killed process)."""
 
-    async def settle(self, execution_id: str) -> None:
+    async def settle(self, execution_ids: Sequence[str]) -> None:
         raise asyncio.CancelledError
 
 
@@ -217,18 +239,18 @@ async def test_evidence_the_runtime_writes_while_the_archiver_looks_is_archived(
     store = ExecutionStore(redis)
     assert await store.record_event(eid, "run_started", {"run_id": "run-late"})
     await redis.hset(keys.run("run-late"), mapping={"run_id": "run-late", "status": "running"})
-    real = archiver_module._run_record
+    real = archiver_module._read_run_records
     acted = asyncio.Event()
 
-    async def runtime_acts_in_between(r: Redis, events: list[Any]) -> dict[str, str] | None:
+    async def runtime_acts_in_between(r: Redis, run_ids: list[str]) -> list[dict[str, str]]:
         # Between the archiver's ledger read and its run-record read: evidence, finish.
-        assert not [e for e in events if e.type == "step_slots"]
+        assert run_ids == ["run-late"]
         assert await store.record_event(eid, "step_slots", {"admitted": "4"})
         await redis.hset(keys.run("run-late"), "status", "completed")
         acted.set()
-        return await real(r, events)
+        return await real(r, run_ids)
 
-    monkeypatch.setattr(archiver_module, "_run_record", runtime_acts_in_between)
+    monkeypatch.setattr(archiver_module, "_read_run_records", runtime_acts_in_between)
     captured = await capture_execution(redis, eid)
     assert acted.is_set()
     assert captured, captured

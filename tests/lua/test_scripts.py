@@ -77,6 +77,20 @@ async def test_a_flushed_script_cache_is_reloaded_transparently(redis: Redis) ->
     assert await lib.call(redis, "releaseLease", ["air:{l:x}:holders"], ["h"]) == 0
 
 
+async def test_pipelined_calls_reload_a_flushed_cache_and_check_every_key_count(
+    redis: Redis,
+) -> None:
+    lib = library()
+    calls = [([f"air:{{l:{i}}}:holders"], [f"h{i}"]) for i in range(5)]
+    await redis.zadd("air:{l:3}:holders", {"h3": 1})
+    await redis.script_flush()
+    assert await lib.call_many(redis, "releaseLease", calls) == [0, 0, 0, 1, 0]
+    assert await redis.zcard("air:{l:3}:holders") == 0
+    with pytest.raises(ScriptError, match="takes 1 keys, was called with 2"):
+        await lib.call_many(redis, "releaseLease", [*calls, (["a", "b"], ["h"])])
+    assert await lib.call_many(redis, "releaseLease", []) == []
+
+
 # -- self-contained includes ---------------------------------------------------------------
 
 INCLUDES = sorted((LUA_DIR / "includes").glob("*.lua"))
