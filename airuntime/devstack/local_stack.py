@@ -37,6 +37,7 @@ from airuntime.core.settings import HOME_ENV
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
 from airuntime.history import open_history_store
+from airuntime.history.settings import HistorySettings
 
 
 class TenantsFile(BaseModel):
@@ -92,11 +93,15 @@ async def serve_control_plane(
     redis = connect(redis_url, client_name="airt-control-plane")
     settings = settings or ControlPlaneSettings()
     token = settings.runtime_token.get_secret_value() if settings.runtime_token else None
+    history_settings = HistorySettings()
     scaler = scale_out_provider or (
-        LocalScaler(redis, redis_url, runtime_token=token) if local_scaler else None
+        LocalScaler(redis, redis_url, runtime_token=token, history_dsn=history_settings.dsn())
+        if local_scaler
+        else None
     )
-    # One store: the API reads runs from it, the archiver (when enabled) writes them.
-    history = await open_history_store()
+    # One store: the API reads runs from it, the archiver (when enabled) writes them;
+    # the runtimes the local scaler starts write large step outputs to it.
+    history = await open_history_store(settings=history_settings)
     archive_to = history if settings.archiver_enabled else None
     cp = ControlPlane(redis, settings, scale_out_provider=scaler, history=archive_to)
     metrics = ControlPlaneMetrics(cp)

@@ -40,6 +40,7 @@ RUNTIME_IMAGE_REPOSITORY: Final = "ghcr.io/airuntime/airuntime"
 PYTHON_MODULES_ENV: Final = "AIRUNTIME_PYTHON_HANDLER_MODULES"
 HTTP_DENY_ENV: Final = "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS"
 HTTP_ALLOW_ENV: Final = "AIRUNTIME_HTTP_HANDLER_ALLOW"
+HISTORY_DSN_ENV: Final = "AIRUNTIME_HISTORY_DSN"
 
 
 def _var(suffix: str) -> str:
@@ -185,6 +186,21 @@ class OperatorSettings(BaseSettings):
     """Key of the runtime token in that Secret (``AIRUNTIME_OPERATOR_RUNTIME_TOKEN_KEY``,
     default ``token``)."""
 
+    history_secret: str | None = Field(
+        default=None, min_length=1, validation_alias=_var("HISTORY_SECRET")
+    )
+    """Secret holding the durable history's DSN (``AIRUNTIME_OPERATOR_HISTORY_SECRET``;
+    it must exist in each pool's namespace). Every runtime pod gets
+    ``AIRUNTIME_HISTORY_DSN`` from it through a secretKeyRef and writes step outputs over
+    the payload threshold there, as the control plane reads them. Default ``None``: the
+    runtimes keep every output in Redis."""
+
+    history_secret_key: str = Field(
+        default="dsn", min_length=1, validation_alias=_var("HISTORY_SECRET_KEY")
+    )
+    """Key of the DSN in that Secret (``AIRUNTIME_OPERATOR_HISTORY_SECRET_KEY``, default
+    ``dsn``)."""
+
     python_handler_modules: str = Field(default="", validation_alias=PYTHON_MODULES_ENV)
     """The platform's ``AIRUNTIME_PYTHON_HANDLER_MODULES``, passed on unchanged to every
     runtime pod (default empty: no ``python`` step runs). The operator always sets it and
@@ -251,6 +267,9 @@ class OperatorSettings(BaseSettings):
         if self.runtime_token_secret:
             ref = {"name": self.runtime_token_secret, "key": self.runtime_token_key}
             env.append({"name": RUNTIME_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
+        if self.history_secret:
+            ref = {"name": self.history_secret, "key": self.history_secret_key}
+            env.append({"name": HISTORY_DSN_ENV, "valueFrom": {"secretKeyRef": ref}})
         return env
 
     @property

@@ -15,7 +15,9 @@ tenant's ``max_instances``: a request at the maximum is Rejected with a reason.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +28,12 @@ from airuntime.control_plane.scale_out import LocalScaler, ScaleOutPhase, ScaleO
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
 from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings, default_settings
+from airuntime.history import open_history_store
+from airuntime.history.records import PayloadRef
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
@@ -195,3 +200,44 @@ async def test_local_scaler_counts_per_runtime_prefix_and_rejects_beyond_tenant_
         return await Registry(valkey).get("tenant-a-runtime-1") is None
 
     await wait_for(unregistered, timeout_s=20, what="the stopped runtime to unregister")
+
+
+async def test_runtimes_the_local_scaler_starts_offload_large_outputs_to_the_history(
+    valkey: Redis, valkey_url: str, tmp_path: Path
+) -> None:
+    """The local stack's runtimes get the control plane's history DSN: a step output
+    over the payload threshold goes to the (shared SQLite) history, Redis keeps only a
+    reference, the dependent step still gets the value."""
+    dsn = f"sqlite:///{tmp_path / 'history.db'}"
+    scaler = LocalScaler(valkey, valkey_url, ready_timeout_s=60, heartbeat_s=0.5, history_dsn=dsn)
+    cp = ControlPlane(
+        valkey,
+        ControlPlaneSettings(submit_mode=SubmitMode.DIRECT_DISPATCH, background_pump=True),
+        scale_out_provider=scaler,
+    )
+    big = "x" * (80 * 1024)  # over the default 64 KiB threshold
+    pipeline = {
+        "id": "big-output",
+        "steps": [
+            {"id": "big", "uses": "echo", "with": {"value": big}},
+            {"id": "size", "uses": "echo", "with": {"value": "${steps.big.output}"},
+             "depends_on": ["big"]},
+        ],
+    }  # fmt: skip
+    try:
+        async with serving(cp):
+            run = await cp.submit(pipeline, snap("default"))
+            await wait_finished(cp, run.shared_run_id, "default", timeout_s=90)
+            body = await wait_ended(cp, run.shared_run_id, "default")
+    finally:
+        await scaler.close()
+    assert body["status"] == "Succeeded", body
+    out = keys.execution_keys(body["execution_id"]).out
+    held = {k.decode(): json.loads(v) for k, v in (await valkey.hgetall(out)).items()}
+    refs = {step: PayloadRef.from_json(value) for step, value in held.items()}
+    assert refs["big"] is not None and refs["size"] is not None, held
+    async with await open_history_store(dsn) as history:
+        for ref in refs.values():
+            assert ref is not None
+            payload = await history.get_payload(ref.payload_id, "default")
+            assert payload is not None and json.loads(payload.data) == big

@@ -759,6 +759,37 @@ def test_the_history_dsn_reaches_the_control_plane_through_a_secret(
     assert "AIRUNTIME_HISTORY_DSN" not in env_of(cp)
 
 
+def test_runtime_pods_get_the_history_dsn_through_the_operator_for_large_outputs(
+    render: Callable[..., list[Doc]],
+) -> None:
+    """The operator names the history Secret (never holds the DSN) and passes it to
+    every runtime pod as a secretKeyRef; a SQLite history (the control plane's own
+    file) or ``runtimeOffload: false`` passes nothing."""
+    from airuntime_operator import OperatorSettings
+
+    dsn = "postgresql://airuntime:s3cret@postgres:5432/airuntime"
+    cases = [
+        ({"dsn": dsn}, {"name": "rel-airuntime-history", "key": "dsn"}),
+        ({"existingSecret": "pg", "existingSecretKey": "url"}, {"name": "pg", "key": "url"}),
+        ({"dsn": "sqlite:////data/history.db"}, None),
+        ({"dsn": dsn, "runtimeOffload": False}, None),
+        ({}, None),
+    ]
+    for history, expected in cases:
+        docs = render({"history": history})
+        (op,) = [c for w, _, c in workloads(docs) if component(w) == "operator"]
+        env = {**_literal_env(op), "AIRUNTIME_REDIS_URL": "redis://valkey:6379/0"}
+        assert "s3cret" not in yaml.safe_dump(env_of(op)), "the operator never holds the DSN"
+        runtime_env = {
+            e["name"]: e.get("valueFrom")
+            for e in OperatorSettings.from_env(env).runtime_platform_env()
+        }
+        if expected is None:
+            assert "AIRUNTIME_HISTORY_DSN" not in runtime_env, history
+        else:
+            assert runtime_env["AIRUNTIME_HISTORY_DSN"] == {"secretKeyRef": expected}, history
+
+
 def test_a_history_dsn_of_another_database_fails_to_render_without_its_password(
     helm: str, tmp_path: Path
 ) -> None:

@@ -30,6 +30,9 @@ from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 RUNTIME_TOKEN_ENV = env_name("runtime_token")
 """The runtime token's variable (the runtime's ``runtime_token`` setting)."""
 
+HISTORY_DSN_ENV = env_name("history_dsn")
+"""The durable history's variable (``HistorySettings.history_dsn``)."""
+
 
 def runtime_environment(
     instance_id: str, tenant: TenantSettings, *, redis_url: str, heartbeat_s: float
@@ -80,7 +83,11 @@ class LocalScaler:
         heartbeat_s: float = 1.0,
         extra_args: tuple[str, ...] = (),
         runtime_token: str | None = None,
+        history_dsn: str | None = None,
     ) -> None:
+        """``history_dsn``: the control plane's durable history, passed to every runtime
+        as ``AIRUNTIME_HISTORY_DSN`` so step outputs over the payload threshold go where
+        the control plane reads them (on one machine a SQLite file can be shared)."""
         self.redis = redis
         self.redis_url = redis_url
         self.registry = Registry(redis)
@@ -88,6 +95,7 @@ class LocalScaler:
         self.heartbeat_s = heartbeat_s
         self.extra_args = extra_args
         self.runtime_token = runtime_token
+        self.history_dsn = history_dsn
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self._lock = asyncio.Lock()
 
@@ -129,6 +137,8 @@ class LocalScaler:
         }
         if self.runtime_token:
             env[RUNTIME_TOKEN_ENV] = self.runtime_token
+        if self.history_dsn:
+            env[HISTORY_DSN_ENV] = self.history_dsn
         log_dir = Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime") / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{instance_id}.log").open("ab") as log_file:
