@@ -418,11 +418,16 @@ class ExecutionStore:
         """Append an entry of another component (the runtime's ``run_started``, its
         step-slot evidence) to the execution's ledger; False when the execution's ledger
         is gone (retention): a ledger is never recreated without its TTL."""
-        entry: dict[Any, Any] = {**fields, "type": event_type}
-        added = await self.redis.xadd(
-            keys.execution_keys(execution_id).events, entry, nomkstream=True
+        ek = keys.execution_keys(execution_id)
+        entry = [x for k, v in {**fields, "type": event_type}.items() for x in (k, v)]
+        # After the archive, the script queues the execution again (recordEvent-3.lua).
+        added = await self.scripts.call(
+            self.redis,
+            "recordEvent",
+            [ek.events, ek.meta, keys.archive_outbox()],
+            [execution_id, *entry],
         )
-        return added is not None
+        return bool(added)
 
     async def prune_index(self, *, batch: int = 500) -> PruneResult:
         """One pass over the execution indexes, ``batch`` entries per round trip: remove

@@ -273,7 +273,8 @@ class ExecutionArchiver:
             await self.redis.zrem(keys.archive_outbox(), *vanished)
         if ready:
             ready = await self._write(ready)
-            await self.settle([c.record.execution_id for c in ready])
+            regrown = await self.settle([(c.record.execution_id, len(c.events)) for c in ready])
+            self.stats.deferred += regrown
             self.stats.archived += len(ready)
             self.stats.rows += sum(1 + len(c.events) for c in ready)
         return len(ids)
@@ -302,14 +303,17 @@ class ExecutionArchiver:
                 log.error("execution %s not archived: %s", c.record.execution_id, error)
         return written
 
-    async def settle(self, execution_ids: Sequence[str]) -> None:
+    async def settle(self, archived: Sequence[tuple[str, int]]) -> int:
         """Out of the outbox, retention TTL on the keys (after the durable write); one
-        pipelined ``settleArchive`` per execution."""
-        calls = [
-            ([*keys.execution_keys(eid).all(), keys.archive_outbox()], [eid])
-            for eid in execution_ids
+        pipelined ``settleArchive`` per ``(execution id, ledger entries archived)``.
+        Returns how many were not settled because their ledger grew meanwhile (due
+        again now, to be archived with the new entries)."""
+        calls: list[tuple[list[str], list[str | int]]] = [
+            ([*keys.execution_keys(eid).all(), keys.archive_outbox()], [eid, entries])
+            for eid, entries in archived
         ]
-        await self.scripts.call_many(self.redis, "settleArchive", calls)
+        results = await self.scripts.call_many(self.redis, "settleArchive", calls)
+        return sum(1 for r in results if int(r[0]) == 2)
 
     async def _redis_ms(self) -> int:
         sec, usec = await self.redis.time()

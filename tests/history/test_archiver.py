@@ -23,7 +23,7 @@ from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.history import HistoryStore, open_history_store
 from airuntime.history import archiver as archiver_module
-from airuntime.history.archiver import ExecutionArchiver, capture_execution
+from airuntime.history.archiver import Captured, ExecutionArchiver, capture_execution
 from airuntime.history.dsn import parse_dsn
 from airuntime.history.migrate import upgrade
 from tests.dags import plan_of
@@ -130,10 +130,63 @@ async def test_a_refused_execution_holds_back_only_itself(
     assert kept is not None and kept.tenant_id == "tenant-squatter"
 
 
+class _EvidenceDuringWrite(ExecutionArchiver):
+    """An assisting instance appends its evidence while the batch is being written."""
+
+    async def _write(self, ready: list[Captured]) -> list[Captured]:
+        written = await super()._write(ready)
+        for c in ready:
+            store = ExecutionStore(self.redis)
+            assert await store.record_event(c.record.execution_id, "step_slots", {"w": "1"})
+        return written
+
+
+async def test_evidence_appended_during_the_write_is_archived_by_the_next_lease(
+    redis: Redis, history: HistoryStore
+) -> None:
+    (eid,) = await run_executions(redis, 1, retention_s=RETENTION_S, hold_s=HOLD_S)
+    archiver = _EvidenceDuringWrite(redis, history, lease_ms=60_000)
+    assert await archiver.archive_once() == 1
+    assert archiver.stats.deferred == 1, "not settled: the ledger grew after the capture"
+    assert list(await _outbox(redis)) == [eid], "due again now, not after the lease"
+    assert await redis.ttl(keys.execution_keys(eid).meta) > RETENTION_S
+    plain = ExecutionArchiver(redis, history)
+    assert await plain.archive_once() == 1
+    assert await _outbox(redis) == {}
+    page = await history.events(eid, None, limit=500)
+    assert page is not None and page.events[-1].type == "step_slots"
+    await assert_archived_equals(history, await capture_execution(redis, eid))
+
+
+async def test_evidence_recorded_after_the_archive_queues_the_execution_again(
+    redis: Redis, history: HistoryStore
+) -> None:
+    """An assisting instance that stops after the run was archived and settled: its
+    evidence queues the execution again, and the archive gets the entry."""
+    archived, _other = await run_executions(redis, 2, retention_s=RETENTION_S, hold_s=HOLD_S)
+    archiver = ExecutionArchiver(redis, history)
+    assert await archiver.archive_once() == 2
+    assert await _outbox(redis) == {}
+    store = ExecutionStore(redis)
+    assert await store.record_event(archived, "step_slots", {"runtime.instance.id": "helper"})
+    assert list(await _outbox(redis)) == [archived]
+    assert await archiver.archive_once() == 1
+    await assert_archived_equals(history, await capture_execution(redis, archived))
+    # Not finalized yet, or archiving off: the entry is only appended.
+    running = await store.create(plan_of({"a": []}), retention_s=RETENTION_S, archive_hold_s=HOLD_S)
+    off = await store.create(plan_of({"a": []}), retention_s=RETENTION_S)
+    await WorkerPool(store, settings=PoolSettings(workers=1)).run(off)
+    for eid in (running, off):
+        assert await store.record_event(eid, "step_slots", {"runtime.instance.id": "helper"})
+    assert await _outbox(redis) == {}
+    assert not await store.record_event("ex-gone", "step_slots", {"a": "1"})
+    assert not await redis.exists(keys.execution_keys("ex-gone").events), "never recreated"
+
+
 class _CrashAfterWrite(ExecutionArchiver):
     """Dies between the durable write and the settle (a killed process)."""
 
-    async def settle(self, execution_ids: Sequence[str]) -> None:
+    async def settle(self, archived: Sequence[tuple[str, int]]) -> int:
         raise asyncio.CancelledError
 
 
