@@ -10,6 +10,7 @@ Screenshots go to ``artifacts/console/`` (git-ignored); the README's images are 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,29 @@ class Stack:
         srid: str = resp.json()["shared_run_id"]
         return srid
 
-    def dispatch(self) -> None:
+    def drain(self) -> None:
         resp = self.api.post("/v1/queue/drain", json={}, headers=bearer("alice-a"))
         assert resp.status_code == 200, resp.text
+
+    def dispatch(self, *runs: tuple[str, str]) -> None:
+        """Drain until each (run, owner) left the queue. One drain may dispatch fewer
+        runs than are queued: admission holds a reservation on the instance until its
+        next capacity publication (a deadline poll, not an ordering sleep)."""
+        deadline = time.monotonic() + 30
+        for srid, who in runs:
+            while self.run(srid, who)["status"] == "QueuedGlobally":
+                assert time.monotonic() < deadline, f"{srid} was never dispatched"
+                self.drain()
+                time.sleep(0.1)
+
+    def settle(self) -> None:
+        """Drain until nothing is pending for either tenant."""
+        deadline = time.monotonic() + 30
+        for who in ("alice-a", "bob-b"):
+            while self.api.get("/v1/queue", headers=bearer(who)).json()["pending"]:
+                assert time.monotonic() < deadline, "the queue never emptied"
+                self.drain()
+                time.sleep(0.1)
 
     def run(self, srid: str, who: str = "alice-a") -> dict[str, Any]:
         resp = self.api.get(f"/v1/runs/{srid}", headers=bearer(who))

@@ -125,7 +125,7 @@ def test_sign_in_focus_order_and_a_wrong_token(browser: Any, stack: Stack, artif
 def test_a_tenant_sees_its_own_runs_only(browser: Any, stack: Stack, artifacts: Path) -> None:
     mine = stack.submit(TINY, "alice-a")
     theirs = stack.submit(TINY, "bob-b")
-    stack.dispatch()
+    stack.dispatch((mine, "alice-a"), (theirs, "bob-b"))
     page = sign_in(browser, stack, "viewer-a")
     cookie = next(c for c in page.context.cookies() if c["name"] == "airt_console")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
@@ -150,7 +150,7 @@ def test_watch_a_running_run_change_state(browser: Any, stack: Stack, artifacts:
     page = sign_in(browser, stack, "alice-a")
     page.goto(f"{stack.url}/ui/runs/{srid}")
     assert page.locator("#run-status").inner_text() == "QueuedGlobally"
-    stack.dispatch()
+    stack.dispatch((srid, "alice-a"))
     # The page follows the run: the graph appears, steps go running, then completed.
     for i in range(4):
         wait_state(page, f"work_{i}", "running")
@@ -183,7 +183,7 @@ def test_watch_a_running_run_change_state(browser: Any, stack: Stack, artifacts:
 
 def test_cancel_a_running_run(browser: Any, stack: Stack) -> None:
     srid = stack.submit(LONG)
-    stack.dispatch()
+    stack.dispatch((srid, "alice-a"))
     page = sign_in(browser, stack, "alice-a")
     page.goto(f"{stack.url}/ui/runs/{srid}")
     wait_state(page, "wait", "running")
@@ -195,7 +195,7 @@ def test_cancel_a_running_run(browser: Any, stack: Stack) -> None:
 
 def test_answer_an_input_step(browser: Any, stack: Stack, artifacts: Path) -> None:
     srid = stack.submit(ASK, "sub-a")
-    stack.dispatch()
+    stack.dispatch((srid, "sub-a"))
     page = sign_in(browser, stack, "sub-a")
     page.goto(f"{stack.url}/ui/runs/{srid}")
     answer = page.get_by_label("Answer for input step approve")
@@ -212,26 +212,30 @@ def test_answer_an_input_step(browser: Any, stack: Stack, artifacts: Path) -> No
 
 
 def test_drain_as_operator(browser: Any, stack: Stack, artifacts: Path) -> None:
-    queued = [stack.submit(TINY) for _ in range(3)]
-    depth = stack.api.get("/v1/queue", headers=bearer("alice-a")).json()["pending_by_tenant"]
+    stack.settle()
+    queued = [stack.submit(TINY) for _ in range(2)]
     page = sign_in(browser, stack, "alice-a")
     page.goto(f"{stack.url}/ui/queue")
-    row = page.locator('tr[data-tenant="tenant-a"] .depth')
-    assert int(row.inner_text()) == depth["tenant-a"] >= 3
+    assert page.locator('tr[data-tenant="tenant-a"] .depth').inner_text() == "2"
     for srid in queued:
         page.get_by_role("link", name=srid).wait_for()
     page.screenshot(path=str(artifacts / "queue.png"), full_page=True)
     page.get_by_role("button", name="Drain the queue").click()
     done = page.locator("#drained")
     done.wait_for(timeout=WAIT_MS)
-    assert re.match(rf"Drain done: {depth['tenant-a']} dispatched, 0 failed", done.inner_text())
-    assert page.get_by_text("Nothing pending.").count() == 2
+    drained = re.match(r"Drain done: (\d+) dispatched, (\d+) failed", done.inner_text())
+    assert drained and int(drained[1]) >= 1, done.inner_text()
+    # What the drain dispatched left the queue: the page shows what is still pending.
+    left = page.locator('tr[data-tenant="tenant-a"] .depth')
+    assert (int(left.inner_text()) if left.count() else 0) == 2 - int(drained[1])
+    dispatched = [r for r in queued if stack.run(r)["status"] != "QueuedGlobally"]
+    assert len(dispatched) == int(drained[1])
     page.close()
 
 
 def test_a_viewer_is_refused(browser: Any, stack: Stack, artifacts: Path) -> None:
     srid = stack.submit(LONG)
-    stack.dispatch()
+    stack.dispatch((srid, "alice-a"))
     page = sign_in(browser, stack, "viewer-a")
     page.goto(f"{stack.url}/ui/runs/{srid}")
     page.locator("#no-actions").wait_for()
@@ -243,12 +247,13 @@ def test_a_viewer_is_refused(browser: Any, stack: Stack, artifacts: Path) -> Non
         """async (path) => {
           const csrf = document.querySelector('meta[name=csrf-token]').content;
           const r = await fetch(path, {method: 'POST', body: new URLSearchParams({csrf}),
-                                       headers: {'content-type': 'application/x-www-form-urlencoded'}});
+                                       headers: {'content-type':
+                                         'application/x-www-form-urlencoded'}});
           return [r.status, await r.text()];
         }""",
         f"/ui/runs/{srid}/cancel",
     )
-    assert status[0] == 403 and "lacks the 'cancel' capability" in status[1], status
+    assert status[0] == 403 and "lacks the &#39;cancel&#39; capability" in status[1], status
     page.goto(f"{stack.url}/ui/queue")
     assert page.get_by_role("button", name="Drain the queue").count() == 0
     assert stack.run(srid)["status"] == "Dispatched"
