@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airuntime.control_plane.console.charts import LABEL_W, MAX_ROWS, WIDTH, gantt_rows
-from airuntime.control_plane.console.layout import MAX_PER_LAYER, layout, plan_deps
+from airuntime.control_plane.console.layout import BANDS, MAX_PER_LAYER, layout, plan_deps
 from airuntime.engine.pipeline.compile import compile_pipeline
 from airuntime.engine.pipeline.spec import PipelineSpec
 from tests.control_plane.support import fan_pipeline
@@ -120,3 +120,15 @@ def test_gantt_rows_are_capped_and_a_running_attempt_ends_now() -> None:
     chart = gantt_rows({"created_at_ms": 0, "steps": steps}, now_ms=10_000)
     assert len(chart.rows) == MAX_ROWS and chart.hidden == 5
     assert chart.span_ms == 10_000 and chart.rows[0].bars[0].status == "running"
+
+
+def test_a_2000_step_chain_is_drawn_as_bands_of_layers() -> None:
+    deps = {f"c{i}": ((f"c{i - 1}",) if i else ()) for i in range(2000)}
+    dag = layout(deps)
+    assert len(dag.nodes) == BANDS and all(n.summary for n in dag.nodes)
+    assert [len(n.steps) for n in dag.nodes] == [50] * BANDS
+    assert dag.nodes[0].label == "50 steps, layers 0-49"
+    assert sorted((a.layer, b.layer) for a, b in dag.edges) == [
+        (i, i + 1) for i in range(BANDS - 1)
+    ]
+    assert set(dag.node_of) == set(deps)

@@ -6,9 +6,12 @@ step's layer is one more than its deepest dependency's, so every edge points rig
 ordered inside a layer by the mean position of their dependencies (one barycentre
 sweep: fewer crossings, deterministic). A layer wider than ``max_per_layer`` becomes
 one summary node that stands for all its steps and shows their states as counts; edges
-are drawn between the nodes that remain, each pair once. The layout depends only on
-the plan, so the live updates (:mod:`~airuntime.control_plane.console.pages`) recompute
-which node a step belongs to without sending the layout again.
+are drawn between the nodes that remain, each pair once. A graph that would still draw
+more than ``MAX_DRAWN`` nodes (a long chain) is drawn as at most ``BANDS`` bands of
+consecutive layers, one summary node each; the step table lists every step. The layout
+depends only on the plan, so the live updates
+(:mod:`~airuntime.control_plane.console.pages`) recompute which node a step belongs to
+without sending the layout again.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ ROW_H: Final = 44
 NODE_W: Final = 160
 NODE_H: Final = 30
 MARGIN: Final = 12
+MAX_DRAWN: Final = 300
+"""More nodes than this (a deep graph, e.g. a 2,000-step chain) and consecutive layers are
+drawn as bands: one summary node per band, at most ``BANDS`` of them."""
+BANDS: Final = 40
 
 
 @dataclass
@@ -107,12 +114,19 @@ def _layers(deps: Mapping[str, Sequence[str]]) -> dict[str, int]:
     return layer
 
 
-def layout(deps: Mapping[str, Sequence[str]], max_per_layer: int = MAX_PER_LAYER) -> Dag:
+def layout(
+    deps: Mapping[str, Sequence[str]],
+    max_per_layer: int = MAX_PER_LAYER,
+    max_drawn: int = MAX_DRAWN,
+) -> Dag:
     """The drawing of a DAG given as step -> dependencies."""
     layer = _layers(deps)
     by_layer: dict[int, list[str]] = {}
     for step in deps:
         by_layer.setdefault(layer[step], []).append(step)
+    drawn = sum(1 if len(s) > max_per_layer else len(s) for s in by_layer.values())
+    if drawn > max_drawn:
+        return _banded(deps, by_layer)
     nodes: list[Node] = []
     node_of: dict[str, str] = {}
     position: dict[str, float] = {}
@@ -129,10 +143,30 @@ def layout(deps: Mapping[str, Sequence[str]], max_per_layer: int = MAX_PER_LAYER
             nodes.append(Node(step, step, depth, row, (step,)))
             node_of[step] = step
             position[step] = float(row)
+    return _joined(deps, nodes, node_of)
+
+
+def _joined(deps: Mapping[str, Sequence[str]], nodes: list[Node], node_of: dict[str, str]) -> Dag:
     by_id = {n.node_id: n for n in nodes}
     pairs = {(node_of[d], node_of[s]) for s, ds in deps.items() for d in ds if d in node_of}
     edges = [(by_id[a], by_id[b]) for a, b in sorted(pairs) if a != b]
     return Dag(nodes, edges, node_of)
+
+
+def _banded(deps: Mapping[str, Sequence[str]], by_layer: dict[int, list[str]]) -> Dag:
+    """At most ``BANDS`` summary nodes, each for a run of consecutive layers."""
+    depth = max(by_layer) + 1
+    width = -(-depth // BANDS)
+    nodes: list[Node] = []
+    node_of: dict[str, str] = {}
+    for band, first in enumerate(range(0, depth, width)):
+        last = min(depth, first + width) - 1
+        steps = tuple(s for d in range(first, last + 1) for s in by_layer.get(d, ()))
+        span = f"layer {first}" if first == last else f"layers {first}-{last}"
+        node = Node(f"layers-{first}-{last}", f"{len(steps)} steps, {span}", band, 0, steps)
+        nodes.append(node)
+        node_of.update((s, node.node_id) for s in steps)
+    return _joined(deps, nodes, node_of)
 
 
 def _barycentre(
