@@ -50,6 +50,7 @@ ASK = {
 }
 TINY = {"id": "tiny", "steps": [{"id": "a", "uses": "noop"}]}
 
+FOCUSED_JS = "() => document.activeElement.id || document.activeElement.textContent.trim()"
 LABELLED_JS = """() => [...document.querySelectorAll('input, select, textarea')]
   .filter((el) => el.type !== 'hidden')
   .filter((el) => !(el.labels && el.labels.length) && !el.getAttribute('aria-label'))
@@ -96,21 +97,22 @@ def wait_state(page: Any, step: str, state: str) -> None:
         raise
 
 
+def tab_order(page: Any, presses: int) -> list[str]:
+    """What the keyboard focuses, Tab after Tab: each element's id or its text."""
+    order = []
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate(FOCUSED_JS))
+    return order
+
+
 def test_sign_in_focus_order_and_a_wrong_token(browser: Any, stack: Stack, artifacts: Path) -> None:
     page = browser.new_page()
     page.goto(f"{stack.url}/ui/login")
     assert unlabelled(page) == []
-    order = []
-    for _ in range(3):
-        page.keyboard.press("Tab")
-        order.append(
-            page.evaluate(
-                "() => document.activeElement.id || document.activeElement.textContent.trim()"
-            )
-        )
-    # The token field has autofocus: Tab goes on to the button (the skip link comes first
-    # when nothing is focused yet).
-    assert order[0] in ("token", "Sign in") and "Sign in" in order, order
+    # The token field has autofocus; Tab goes on to the button.
+    assert page.evaluate(FOCUSED_JS) == "token"
+    assert tab_order(page, 1) == ["Sign in"]
     page.get_by_label("API token").fill("token-nobody-knows")
     page.get_by_role("button", name="Sign in").click()
     alert = page.get_by_role("alert")
@@ -193,6 +195,30 @@ def test_cancel_a_running_run(browser: Any, stack: Stack) -> None:
     page.close()
 
 
+def test_pause_resume_and_replay(browser: Any, stack: Stack) -> None:
+    srid = stack.submit(LONG)
+    stack.dispatch((srid, "alice-a"))
+    page = sign_in(browser, stack, "alice-a")
+    page.goto(f"{stack.url}/ui/runs/{srid}")
+    wait_state(page, "wait", "running")
+    page.get_by_role("button", name="Pause").click()
+    page.get_by_role("button", name="Resume").wait_for(timeout=WAIT_MS)
+    assert page.locator("#ex-status").inner_text() in ("Pausing", "Paused")
+    page.get_by_role("button", name="Resume").click()
+    page.get_by_role("button", name="Pause").wait_for(timeout=WAIT_MS)
+    assert page.locator("#ex-status").inner_text() == "Running"
+    page.get_by_role("button", name="Cancel run").click()
+    page.locator("#run-status", has_text="Cancelled").wait_for(timeout=WAIT_MS)
+    # A finished run can be replayed: the new run links back to it.
+    page.get_by_role("button", name="Replay").click()
+    page.locator("#done", has_text="replay").wait_for(timeout=WAIT_MS)
+    replay = page.url.split("/ui/runs/", 1)[1].split("?", 1)[0]
+    assert replay != srid and stack.run(replay)["replay_of"] == srid
+    assert page.get_by_role("link", name=srid).count() == 1
+    stack.api.post(f"/v1/runs/{replay}/cancel", headers=bearer("alice-a"))
+    page.close()
+
+
 def test_answer_an_input_step(browser: Any, stack: Stack, artifacts: Path) -> None:
     srid = stack.submit(ASK, "sub-a")
     stack.dispatch((srid, "sub-a"))
@@ -216,6 +242,10 @@ def test_drain_as_operator(browser: Any, stack: Stack, artifacts: Path) -> None:
     queued = [stack.submit(TINY) for _ in range(2)]
     page = sign_in(browser, stack, "alice-a")
     page.goto(f"{stack.url}/ui/queue")
+    # Keyboard order follows the page: skip link, navigation, sign out, drain, the items.
+    assert tab_order(page, 7) == [
+        "Skip to content", "Runs", "Queue", "Instances", "Sign out", "btn-drain", queued[0]
+    ]  # fmt: skip
     assert page.locator('tr[data-tenant="tenant-a"] .depth').inner_text() == "2"
     for srid in queued:
         page.get_by_role("link", name=srid).wait_for()

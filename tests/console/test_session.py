@@ -110,3 +110,18 @@ def test_hostile_answers_are_refused_naming_the_field(stack: Stack, alice: httpx
     assert as_json.status_code == 415
     assert alice.post(f"/ui/runs/{srid}/explode", data={"csrf": csrf}).status_code == 422
     stack.settle()
+
+
+def test_sign_out_needs_the_csrf_token_and_drops_the_cookie(stack: Stack) -> None:
+    with fresh(stack) as client:
+        client.post("/ui/login", data={"token": "token-viewer-a"})
+        assert client.get("/ui/runs").status_code == 200
+        assert client.post("/ui/logout", data={}).status_code == 403
+        assert client.get("/ui/runs").status_code == 200, "still signed in"
+        out = client.post("/ui/logout", data={"csrf": csrf_token("token-viewer-a")})
+        assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+        assert COOKIE not in client.cookies
+        assert client.get("/ui/runs").status_code == 401
+        page = client.get("/ui/runs?pipeline=x", headers={"accept": "text/html"})
+        assert page.status_code == 303
+        assert page.headers["location"] == "/ui/login?next=/ui/runs%3Fpipeline%3Dx"
