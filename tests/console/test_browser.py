@@ -12,12 +12,14 @@ sign-in controls in order, the state colours keep their text readable (contrast 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.console.conftest import ARTIFACTS, Stack, bearer
+from tests.runs.archive import archive_and_expire
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -294,6 +296,32 @@ def test_a_viewer_is_refused(browser: Any, stack: Stack, artifacts: Path) -> Non
     other.screenshot(path=str(artifacts / "refused.png"))
     stack.api.post(f"/v1/runs/{srid}/cancel", headers=bearer("alice-a"))
     other.close()
+    page.close()
+
+
+def test_an_archived_run_reads_as_it_did_hot(browser: Any, stack: Stack) -> None:
+    srid = stack.submit(FAN)
+    stack.dispatch((srid, "alice-a"))
+    deadline = time.monotonic() + 60
+    while stack.run(srid)["status"] != "Succeeded":
+        assert time.monotonic() < deadline, "the run never ended"
+        time.sleep(0.1)
+    page = sign_in(browser, stack, "alice-a")
+    page.goto(f"{stack.url}/ui/runs/{srid}")
+    page.locator("#gantt svg.gantt").wait_for(timeout=WAIT_MS)
+    page.locator("#ledger table").wait_for(timeout=WAIT_MS)
+    hot = page.locator("main").inner_text()
+    stack.served.call(lambda redis, store: archive_and_expire(redis, store, srid))
+    assert stack.api.get(f"/v1/runs/{srid}", headers=bearer("alice-a")).json()["status"] == (
+        "Succeeded"
+    )
+    page.goto(f"{stack.url}/ui/runs?pipeline=fan-out")
+    page.locator("#runs-table").get_by_role("link", name=srid).wait_for()
+    page.goto(f"{stack.url}/ui/runs/{srid}")
+    page.locator("#gantt svg.gantt").wait_for(timeout=WAIT_MS)
+    page.locator("#ledger table").wait_for(timeout=WAIT_MS)
+    wait_state(page, "join", "completed")
+    assert page.locator("main").inner_text() == hot, "the same page from the archive"
     page.close()
 
 
