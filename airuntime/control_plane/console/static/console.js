@@ -69,14 +69,28 @@ function repaint(state, body) {
 }
 
 function followRun(body) {
+  // One state read at a time: entries arriving while one is in flight ask for one more.
   let timer = null;
+  let busy = false;
+  let dirty = false;
   let stopped = false;
   const refresh = async () => {
     timer = null;
-    const resp = await fetch(`${location.pathname}/state`, { credentials: "same-origin" });
-    if (resp.ok && repaint(await resp.json(), body)) stopped = true;
+    busy = true;
+    dirty = false;
+    try {
+      const resp = await fetch(`${location.pathname}/state`, { credentials: "same-origin" });
+      if (resp.ok && repaint(await resp.json(), body)) stopped = true;
+    } finally {
+      busy = false;
+      if (dirty) soon();
+    }
   };
-  const soon = () => { if (!timer && !stopped) timer = setTimeout(refresh, REPAINT_MS); };
+  const soon = () => {
+    if (stopped) return;
+    if (busy) { dirty = true; return; }
+    if (!timer) timer = setTimeout(refresh, REPAINT_MS);
+  };
   const read = async () => {
     // fetch() instead of EventSource: the ledger's events are named by entry type and
     // EventSource has no catch-all listener; the stream is the API's own SSE.
