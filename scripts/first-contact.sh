@@ -71,6 +71,16 @@ run_step build-wheel 0 "$work/clone" \
   "$work/venv-editable/bin/python" -m pip wheel --no-deps --wheel-dir "$work/dist" .
 "$python" -m venv "$work/venv-wheel"
 wheel=$(ls "$work"/dist/airuntime-*.whl)
+# The web console's templates, CSS, JS and licence are package data: the wheel must carry them.
+"$python" - "$wheel" <<'PY' || fail "the wheel lacks the console's templates or static files"
+import sys, zipfile
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+base = "airuntime/control_plane/console/"
+need = ["templates/base.html", "templates/run.html", "static/console.js", "static/console.css",
+        "static/LICENSE"]
+missing = [n for n in need if base + n not in names]
+sys.exit(f"missing: {missing}" if missing else 0)
+PY
 run_step install-wheel 0 / "$work/venv-wheel/bin/python" -m pip install "$wheel"
 airt="$work/venv-wheel/bin/airt"
 export -n AIRUNTIME_REDIS_URL AIRUNTIME_HOME 2>/dev/null || true

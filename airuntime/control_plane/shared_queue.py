@@ -71,6 +71,15 @@ def _s(v: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingItem:
+    """A Pending item as listed: which run, whose, and since when."""
+
+    shared_run_id: str
+    tenant_id: str
+    enqueued_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedItem:
     """An item this pump holds: settling it needs the claim token."""
 
@@ -172,3 +181,17 @@ class SharedQueue:
             t = _s(tenant) if tenant else "unknown"
             counts[t] = counts.get(t, 0) + 1
         return counts
+
+    async def pending_items(self, tenant_id: str | None, limit: int = 10_000) -> list[PendingItem]:
+        """The Pending items in queue order (oldest first), of ``tenant_id`` only unless
+        it is None; at most ``limit`` items of the queue are looked at."""
+        ids = [_s(i) for i in await self.redis.zrange(keys.squeue_pending(), 0, limit - 1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for srid in ids:
+            pipe.hmget(keys.squeue_item(srid), "tenant_id", "enqueued_at_ms")
+        items = []
+        for srid, (tenant, enqueued) in zip(ids, await pipe.execute(), strict=True):
+            owner = _s(tenant) if tenant else "unknown"
+            if tenant_id is None or owner == tenant_id:
+                items.append(PendingItem(srid, owner, int(_s(enqueued or b"0"))))
+        return items

@@ -123,3 +123,23 @@ async def test_the_scripts_move_items_exactly_along_the_table(redis: Redis) -> N
 
     table = {(a, b) for a, nexts in QUEUE_ITEM_TRANSITIONS.items() for b in nexts}
     assert moves == table
+
+
+async def test_pending_items_are_listed_oldest_first_per_tenant(redis: Redis) -> None:
+    queue = SharedQueue(redis)
+    ids = [f"sr-{i:032x}" for i in range(5)]
+    tenants = ["tenant-a", "tenant-b", "tenant-a", "tenant-b", "tenant-a"]
+    for srid, tenant in zip(ids, tenants, strict=True):
+        assert await queue.enqueue(srid, tenant)
+    claimed = await queue.claim("pump-1", ids[2])
+    assert claimed is not None, "a claimed item is no longer pending"
+    everyone = await queue.pending_items(None)
+    assert [i.shared_run_id for i in everyone] == [ids[0], ids[1], ids[3], ids[4]]
+    assert [i.enqueued_at_ms for i in everyone] == sorted(i.enqueued_at_ms for i in everyone)
+    assert all(i.enqueued_at_ms > 0 for i in everyone)
+    mine = await queue.pending_items("tenant-a")
+    assert [(i.shared_run_id, i.tenant_id) for i in mine] == [
+        (ids[0], "tenant-a"),
+        (ids[4], "tenant-a"),
+    ]
+    assert await queue.pending_items("tenant-c") == []

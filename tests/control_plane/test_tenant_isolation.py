@@ -38,6 +38,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from airuntime.control_plane.api import create_app
+from airuntime.control_plane.console.session import csrf_token
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
@@ -300,6 +301,72 @@ def _run_route(method: str, suffix: str, body: dict[str, Any] | None = None) -> 
     return replay
 
 
+# -- the web console (/ui): the same answers through the session cookie -----------------------
+
+BOB_COOKIE: Final = {"cookie": "airt_console=token-bob-b"}
+
+
+async def _console(world: World, method: str, path: str, who: dict[str, str]) -> httpx.Response:
+    """A console request; a POST carries the session's CSRF token, as its forms do."""
+    if method == "GET":
+        return await world.client.get(path, headers=who)
+    token = who.get("cookie", "=").split("=", 1)[1]
+    return await world.client.post(path, headers=who, data={"csrf": csrf_token(token)})
+
+
+def _console_run_route(method: str, suffix: str) -> Replay:
+    """B's session gets 404 and nothing of A's for A's runs, nobody 401; a steering
+    request changes nothing of A's run."""
+
+    async def replay(world: World) -> None:
+        for srid in [*world.a_finished, world.a_queued]:
+            before = (await world.call("GET", f"/v1/runs/{srid}", ALICE)).json()
+            path = f"/ui/runs/{srid}{suffix}"
+            resp = await _console(world, method, path, BOB_COOKIE)
+            assert resp.status_code == 404, (path, resp.text)
+            _assert_clean(world, resp, f"{method} /ui/runs/{{id}}{suffix} (B)", frozenset({srid}))
+            assert (await _console(world, method, path, NOBODY)).status_code == 401
+            after = (await world.call("GET", f"/v1/runs/{srid}", ALICE)).json()
+            assert after["status"] == before["status"], f"B's {method} {suffix} moved A's run"
+
+    return replay
+
+
+def _console_page(path: str) -> Replay:
+    """A console page of B's holds nothing of A's; nobody is sent to sign in."""
+
+    async def replay(world: World) -> None:
+        resp = await _console(world, "GET", path, BOB_COOKIE)
+        assert resp.status_code == 200, resp.text
+        _assert_clean(world, resp, f"GET {path} (B)")
+        assert "tenant-a" not in resp.text
+        page = await world.client.get(path, headers={"accept": "text/html"})
+        assert page.status_code == 303 and "/ui/login" in page.headers["location"]
+
+    return replay
+
+
+async def _console_drain(world: World) -> None:
+    resp = await _console(world, "POST", "/ui/queue/drain", BOB_COOKIE)
+    assert resp.status_code == 303, resp.text
+    _assert_clean(world, resp, "POST /ui/queue/drain (B)")
+    assert (await _console(world, "POST", "/ui/queue/drain", NOBODY)).status_code == 401
+
+
+CONSOLE: Final[dict[tuple[str, str], Replay]] = {
+    ("GET", "/ui/runs"): _console_page("/ui/runs"),
+    ("GET", "/ui/queue"): _console_page("/ui/queue"),
+    ("GET", "/ui/instances"): _console_page("/ui/instances"),
+    ("POST", "/ui/queue/drain"): _console_drain,
+    ("GET", "/ui/runs/{shared_run_id}"): _console_run_route("GET", ""),
+    ("GET", "/ui/runs/{shared_run_id}/state"): _console_run_route("GET", "/state"),
+    ("GET", "/ui/runs/{shared_run_id}/events"): _console_run_route("GET", "/events"),
+    ("GET", "/ui/runs/{shared_run_id}/gantt"): _console_run_route("GET", "/gantt"),
+    ("GET", "/ui/runs/{shared_run_id}/ledger"): _console_run_route("GET", "/ledger"),
+    ("POST", "/ui/runs/{shared_run_id}/{action}"): _console_run_route("POST", "/cancel"),
+}
+
+
 REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/v1/runs/{shared_run_id}"): _get_run,
     ("POST", "/v1/runs/{shared_run_id}/cancel"): _cancel_run,
@@ -318,6 +385,7 @@ REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("POST", "/v1/queue/drain"): _drain,
     ("GET", "/v1/instances"): _instances,
     ("GET", "/v1/tenants/{tenant_id}/settings"): _tenant_settings,
+    **CONSOLE,
 }
 TENANT_FREE: Final[dict[tuple[str, str], str]] = {
     ("GET", "/healthz"): "process liveness, no state",
@@ -328,6 +396,18 @@ TENANT_FREE: Final[dict[tuple[str, str], str]] = {
     ("GET", "/docs"): "the API's description",
     ("GET", "/docs/oauth2-redirect"): "the API's description",
     ("GET", "/redoc"): "the API's description",
+    ("GET", "/ui"): "the console's redirect to its runs page",
+    ("GET", "/ui/login"): "the console's sign-in form",
+    ("POST", "/ui/login"): "checks a token; answers a cookie or the sign-in form",
+    ("POST", "/ui/logout"): "drops the console's cookie",
+    ("GET", "/ui/static"): "the console's CSS, JS and licence (package files)",
+}
+
+NOT_200: Final[dict[tuple[str, str], int]] = {
+    ("GET", "/ui"): 303,  # to /ui/runs
+    ("POST", "/ui/login"): 401,  # no token given: the form again
+    ("POST", "/ui/logout"): 401,  # no session
+    ("GET", "/ui/static"): 307,  # a directory: to /ui/static/, not a file
 }
 
 
@@ -367,7 +447,7 @@ async def test_tenant_b_and_nobody_get_nothing_of_tenant_a(
 async def test_tenant_free_routes_carry_no_run_data(world: World) -> None:
     for method, path in TENANT_FREE:
         resp = await world.call(method, path, NOBODY)
-        assert resp.status_code == 200, (path, resp.text)
+        assert resp.status_code == NOT_200.get((method, path), 200), (path, resp.text)
         _assert_clean(world, resp, path)
 
 

@@ -29,8 +29,11 @@ T = TypeVar("T")
 
 
 class ServedControlPlane:
-    def __init__(self, redis_url: str, history_dsn: str) -> None:
+    def __init__(
+        self, redis_url: str, history_dsn: str, settings: ControlPlaneSettings | None = None
+    ) -> None:
         self.redis_url, self.history_dsn = redis_url, history_dsn
+        self.cp_settings = settings or ControlPlaneSettings(scale_out_enabled=False)
         self.url = ""
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -76,7 +79,7 @@ class ServedControlPlane:
         self.history = await open_history_store(self.history_dsn, settings=settings())
         host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5), instances=1)
         await host.start()
-        cp = ControlPlane(redis, ControlPlaneSettings(scale_out_enabled=False))
+        cp = ControlPlane(redis, self.cp_settings)
         for inst in host.instances:
             cp.local.add(inst)
         await cp.start()

@@ -18,6 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from airuntime.control_plane.api import fleet, health, queue, run_reads, run_steer, runs
 from airuntime.control_plane.api.deps import ApiContext
 from airuntime.control_plane.api.request_body import BodyLimit
+from airuntime.control_plane.console import install as install_console
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, NotAllowed
 from airuntime.control_plane.service import ControlPlane, ControlPlaneError, PipelineRefused
@@ -75,4 +76,5 @@ def create_app(
 
     for module in (health, run_reads, run_steer, runs, queue, fleet):
         app.include_router(module.router)
+    install_console(app)  # the web console at /ui: same tokens and roles, a cookie session
     return app
