@@ -4,18 +4,27 @@ Counters and histograms are fed as things happen: the dispatcher's observer
 (admission decisions, dispatch latency, pump cycles, reservations), the supervisor's
 error hook (``airuntime_loop_errors_total{loop}``: a background loop failed and is
 being restarted) and the scale-out watcher's failure hook
-(``airuntime_scale_out_failures_total``). Gauges that live in Redis (queue depth per
-tenant, scale-out requests by phase, suspect instances) and the loops' health are
-refreshed right before each scrape by :meth:`ControlPlaneMetrics.refresh`.
+(``airuntime_scale_out_failures_total``). Gauges that live in Redis (queue depth, runs
+waiting for dispatch and the oldest one's age per tenant, the Ready instances each
+tenant may use, scale-out requests by phase, suspect instances) and the loops' health
+are refreshed right before each scrape by :meth:`ControlPlaneMetrics.refresh`. The
+chart's dashboard and alerting rules (``helm/airuntime``) query these names;
+``tests/observability`` evaluates them on a real Prometheus.
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from airuntime.control_plane.dispatch import DispatchResult
 from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutRequest
 from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
+
+_WAITING = frozenset({SharedRunStatus.QUEUED_GLOBALLY, SharedRunStatus.SCALE_OUT_REQUESTED})
 
 
 class ControlPlaneMetrics:
@@ -28,6 +37,25 @@ class ControlPlaneMetrics:
         self._archive_metrics(r)
         self.queue_depth = Gauge(
             "airuntime_shared_queue_depth", "Pending shared-queue items.", ["tenant"], registry=r
+        )
+        self.waiting = Gauge(
+            "airuntime_runs_waiting",
+            "Shared runs submitted and not dispatched yet (QueuedGlobally or ScaleOutRequested).",
+            ["tenant"],
+            registry=r,
+        )
+        self.waiting_age = Gauge(
+            "airuntime_runs_waiting_oldest_age_seconds",
+            "Time since submission of the tenant's oldest run waiting for dispatch.",
+            ["tenant"],
+            registry=r,
+        )
+        self.ready_instances = Gauge(
+            "airuntime_tenant_ready_instances",
+            "Ready runtime instances the tenant may use (configured tenants and tenants "
+            "with queued runs).",
+            ["tenant"],
+            registry=r,
         )
         self.dispatch_latency = Histogram(
             "airuntime_dispatch_latency_seconds",
@@ -121,14 +149,49 @@ class ControlPlaneMetrics:
         self.queue_depth.clear()
         for tenant, n in (await cp.queue.pending_by_tenant()).items():
             self.queue_depth.labels(tenant).set(n)
+        waiting = await self._refresh_waiting()
         counts = {p: 0 for p in ScaleOutPhase}
         for req in await cp.scale_outs.list():
             counts[req.phase] += 1
         for phase, n in counts.items():
             self.scale_out_requests.labels(phase.value).set(n)
-        instances = [d.instance_id for d in await cp.registry.list_all()]
-        suspect, _ = await cp.suspects.state(instances)
+        descriptors = await cp.registry.list_all()
+        suspect, _ = await cp.suspects.state([d.instance_id for d in descriptors])
         self.suspect_instances.set(len(suspect))
+        await self._refresh_ready_instances(descriptors, waiting)
+
+    async def _refresh_waiting(self) -> set[str]:
+        """Runs waiting for dispatch per tenant (from the open-runs index: a run whose
+        scale-out is in flight is not in the queue but still waits); their tenants."""
+        runs = self.control_plane.runs
+        open_ids = await runs.open_ids(0, 1_000_000)
+        now_ms = time.time() * 1000
+        count: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for run in await runs.get_many(open_ids):
+            if run.status not in _WAITING:
+                continue
+            tenant = run.snapshot.tenant_id
+            count[tenant] = count.get(tenant, 0) + 1
+            oldest[tenant] = max(oldest.get(tenant, 0.0), (now_ms - run.created_at_ms) / 1000)
+        self.waiting.clear()
+        self.waiting_age.clear()
+        for tenant, n in count.items():
+            self.waiting.labels(tenant).set(n)
+            self.waiting_age.labels(tenant).set(max(0.0, oldest[tenant]))
+        return set(count)
+
+    async def _refresh_ready_instances(
+        self, descriptors: list[InstanceDescriptor], queued_tenants: set[str]
+    ) -> None:
+        """Per tenant, the Ready instances admission could choose from (the same
+        visibility rules), so "queued runs and nothing to run them on" is one query."""
+        registry = self.control_plane.registry
+        ready = [d for d in descriptors if d.status is InstanceStatus.READY]
+        self.ready_instances.clear()
+        for tenant_id in sorted(set(await registry.tenant_ids()) | queued_tenants):
+            tenant = await registry.tenant(tenant_id)
+            self.ready_instances.labels(tenant_id).set(sum(d.visible_to(tenant) for d in ready))
 
     def _archive_metrics(self, r: CollectorRegistry) -> None:
         self.archive_backlog = Gauge(
