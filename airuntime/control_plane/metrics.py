@@ -35,27 +35,9 @@ class ControlPlaneMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._archive_metrics(r)
+        self._tenant_metrics(r)
         self.queue_depth = Gauge(
             "airuntime_shared_queue_depth", "Pending shared-queue items.", ["tenant"], registry=r
-        )
-        self.waiting = Gauge(
-            "airuntime_runs_waiting",
-            "Shared runs submitted and not dispatched yet (QueuedGlobally or ScaleOutRequested).",
-            ["tenant"],
-            registry=r,
-        )
-        self.waiting_age = Gauge(
-            "airuntime_runs_waiting_oldest_age_seconds",
-            "Time since submission of the tenant's oldest run waiting for dispatch.",
-            ["tenant"],
-            registry=r,
-        )
-        self.ready_instances = Gauge(
-            "airuntime_tenant_ready_instances",
-            "Ready runtime instances the tenant may use (configured tenants and tenants "
-            "with queued runs).",
-            ["tenant"],
-            registry=r,
         )
         self.dispatch_latency = Histogram(
             "airuntime_dispatch_latency_seconds",
@@ -192,6 +174,27 @@ class ControlPlaneMetrics:
         for tenant_id in sorted(set(await registry.tenant_ids()) | queued_tenants):
             tenant = await registry.tenant(tenant_id)
             self.ready_instances.labels(tenant_id).set(sum(d.visible_to(tenant) for d in ready))
+
+    def _tenant_metrics(self, r: CollectorRegistry) -> None:
+        self.waiting = Gauge(
+            "airuntime_runs_waiting",
+            "Shared runs submitted and not dispatched yet (QueuedGlobally or ScaleOutRequested).",
+            ["tenant"],
+            registry=r,
+        )
+        self.waiting_age = Gauge(
+            "airuntime_runs_waiting_oldest_age_seconds",
+            "Time since submission of the tenant's oldest run waiting for dispatch.",
+            ["tenant"],
+            registry=r,
+        )
+        self.ready_instances = Gauge(
+            "airuntime_tenant_ready_instances",
+            "Ready runtime instances the tenant may use (configured tenants and tenants "
+            "with queued runs).",
+            ["tenant"],
+            registry=r,
+        )
 
     def _archive_metrics(self, r: CollectorRegistry) -> None:
         self.archive_backlog = Gauge(
