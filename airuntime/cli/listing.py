@@ -6,7 +6,7 @@ records whose first column is an id (``tenant-a-runtime-1``, ``sr-<32 hex>``). I
 80-column terminal rich folded such ids over two lines, which breaks reading and
 copying them. Here an id column is ``no_wrap``: in ``table`` the row's own id is shown
 whole and the other ids it refers to are shortened in the middle
-(``sr-9d7a12…816d42``, both ends kept); ``wide`` shows every id in full and the extra
+(``sr-9d7a12…0c72816d42``, both ends kept); ``wide`` shows every id in full and the extra
 columns, at whatever width that takes (like ``kubectl -o wide``); ``json``
 and ``yaml`` print the records as the API (or the registry) gives them, for machines.
 ``--watch`` redraws the table every ``--interval`` seconds (rich ``Live``) until Ctrl-C
