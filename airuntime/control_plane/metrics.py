@@ -15,16 +15,25 @@ chart's dashboard and alerting rules (``helm/airuntime``) query these names;
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from airuntime.control_plane.dispatch import DispatchResult
 from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutRequest
 from airuntime.control_plane.service import ControlPlane
-from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.control_plane.shared_queue import QueueItemStatus
+from airuntime.core import keys
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
 
-_WAITING = frozenset({SharedRunStatus.QUEUED_GLOBALLY, SharedRunStatus.SCALE_OUT_REQUESTED})
+_WAITING = frozenset(
+    {QueueItemStatus.PENDING, QueueItemStatus.CLAIMED, QueueItemStatus.SCALE_OUT_REQUESTED}
+)
+"""Queue-item statuses of a run not dispatched yet (and not ended)."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ControlPlaneMetrics:
@@ -143,19 +152,29 @@ class ControlPlaneMetrics:
         await self._refresh_ready_instances(descriptors, waiting)
 
     async def _refresh_waiting(self) -> set[str]:
-        """Runs waiting for dispatch per tenant (from the open-runs index: a run whose
-        scale-out is in flight is not in the queue but still waits); their tenants."""
-        runs = self.control_plane.runs
-        open_ids = await runs.open_ids(0, 1_000_000)
+        """Runs waiting for dispatch per tenant; returns their tenants.
+
+        Read from the open-runs index (score: creation time) and each run's queue item
+        (status, tenant), not from the queue alone: a run whose scale-out is in flight
+        has left the queue (ScaleOutRequested) but still waits. Small fields only, one
+        pipelined round trip, whatever the pipelines' size.
+        """
+        redis = self.control_plane.redis
+        raw: Any = await redis.zrange(keys.shared_runs_open(), 0, -1, withscores=True)
+        open_runs: list[tuple[Any, float]] = list(raw)
+        pipe = redis.pipeline(transaction=False)
+        for srid, _ in open_runs:
+            pipe.hmget(keys.squeue_item(_text(srid)), "status", "tenant_id")
+        items = await pipe.execute() if open_runs else []
         now_ms = time.time() * 1000
         count: dict[str, int] = {}
         oldest: dict[str, float] = {}
-        for run in await runs.get_many(open_ids):
-            if run.status not in _WAITING:
+        for (_, created_ms), (status, tenant_raw) in zip(open_runs, items, strict=True):
+            if status is None or _text(status) not in _WAITING or tenant_raw is None:
                 continue
-            tenant = run.snapshot.tenant_id
+            tenant = _text(tenant_raw)
             count[tenant] = count.get(tenant, 0) + 1
-            oldest[tenant] = max(oldest.get(tenant, 0.0), (now_ms - run.created_at_ms) / 1000)
+            oldest[tenant] = max(oldest.get(tenant, 0.0), (now_ms - created_ms) / 1000)
         self.waiting.clear()
         self.waiting_age.clear()
         for tenant, n in count.items():
