@@ -60,8 +60,8 @@ Output = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="table (ids shortened in the middle, never wrapped), wide (full ids, more "
-        "columns), json or yaml.",
+        help="table (fits 80 columns; ids never wrapped, ids a row refers to shortened "
+        "in the middle), wide (every id whole, more columns), json or yaml.",
     ),
 ]
 Watch = Annotated[
