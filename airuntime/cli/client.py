@@ -1,5 +1,5 @@
-"""``airt submit``, ``airt drain``: clients of a control plane's API (``airt runs`` is
-:mod:`~airuntime.cli.run_commands`).
+"""``airt submit``, ``airt drain``, ``airt queue``: clients of a control plane's API
+(``airt runs`` is :mod:`~airuntime.cli.run_commands`).
 
 They talk to the stack ``airt up`` runs (found through its state file,
 ``$AIRUNTIME_HOME/up.json``, with the development token of ``--tenant``) or to
@@ -23,6 +23,15 @@ from airuntime.cli.common import (
     out,
     parse_kv,
     pipeline_document,
+)
+from airuntime.cli.listing import (
+    Column,
+    Interval,
+    Output,
+    Updates,
+    Watch,
+    output_format,
+    print_listing,
 )
 from airuntime.control_plane.settings import SubmitMode
 from airuntime.control_plane.shared_runs import SharedRunStatus
@@ -153,19 +162,86 @@ def _follow(base: str, token: str, srid: str, timeout_s: float = 600) -> dict[st
 
 
 def drain(
-    max_count: Annotated[int, typer.Option()] = 100,
+    max_count: Annotated[int, typer.Option(min=1, max=100_000)] = 100,
+    batch: Annotated[
+        int, typer.Option(min=1, max=1000, help="Items per drain call (progress steps).")
+    ] = 10,
+    stop_on_failure: Annotated[
+        bool, typer.Option("--stop-on-failure", help="Stop at the first failed dispatch.")
+    ] = False,
     tenant: Annotated[str | None, typer.Option()] = None,
     api: _Api = None,
     token: _Token = None,
 ) -> None:
-    """Drain the shared queue once (manual pump)."""
+    """Drain the shared queue (manual pump) up to MAX_COUNT items, in batches, with a
+    progress bar on stderr; prints the totals as JSON."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     base, tok = _client(api, token, tenant)
-    drained = api_call(
-        "POST", f"{base}/v1/queue/drain", tok, json={"max_count": max_count}, timeout=120
+    pending = int(api_call("GET", f"{base}/v1/queue", tok, timeout=30)["pending"])
+    totals: dict[str, Any] = {"dispatched": 0, "failed": 0, "cycles": 0, "stopped": "empty"}
+    started = time.perf_counter()
+    with Progress(
+        TextColumn("drain"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
+        console=console, transient=True,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("drain", total=min(max_count, pending) or None, state="")
+        while True:
+            left = max_count - totals["dispatched"] - totals["failed"]
+            body = {"max_count": min(batch, left), "stop_on_failure": stop_on_failure}
+            step = api_call("POST", f"{base}/v1/queue/drain", tok, json=body, timeout=120)
+            for k in ("dispatched", "failed", "cycles"):
+                totals[k] += step[k]
+            totals["stopped"] = step["stopped"]
+            progress.update(
+                task,
+                completed=totals["dispatched"] + totals["failed"],
+                state=f"{totals['dispatched']} dispatched, {totals['failed']} failed",
+            )
+            if step["stopped"] != "max_count" or left <= batch:
+                break
+    totals["seconds"] = round(time.perf_counter() - started, 4)
+    out.print(json.dumps(totals))
+
+
+def queue(
+    tenant: Annotated[
+        str | None, typer.Option(help="Act as this tenant (local stack tokens).")
+    ] = None,
+    output: Output = None,
+    watch: Watch = False,
+    interval: Interval = 2.0,
+    updates: Updates = None,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """Pending shared-queue items per tenant (the caller's tenant; every tenant for an
+    admin)."""
+    fmt = output_format(output, False)
+    base, tok = _client(api, token, tenant)
+
+    def fetch() -> tuple[Any, list[Any]]:
+        body = api_call("GET", f"{base}/v1/queue", tok, timeout=30)
+        return body, sorted(body["pending_by_tenant"].items())
+
+    print_listing(
+        fetch,
+        title="shared queue (pending)",
+        columns=QUEUE_COLUMNS,
+        fmt=fmt,
+        watch=watch,
+        interval=interval,
+        updates=updates,
     )
-    out.print(json.dumps(drained))
+
+
+QUEUE_COLUMNS = (
+    Column("tenant", lambda row: row[0], is_id=True),
+    Column("pending", lambda row: str(row[1])),
+)
 
 
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("drain")(drain)
+    app.command("queue")(queue)

@@ -27,6 +27,15 @@ from airuntime.cli.common import (
     out,
     parse_kv,
 )
+from airuntime.cli.listing import (
+    Column,
+    Interval,
+    Output,
+    Updates,
+    Watch,
+    output_format,
+    print_listing,
+)
 from airuntime.core.errors import AirError
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.embedded import redis_for_process
@@ -218,7 +227,11 @@ def instances(
     tenant: Annotated[
         str | None, typer.Option("--tenant", help="Only instances visible to this tenant.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print descriptors as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as -o json.")] = False,
+    output: Output = None,
+    watch: Watch = False,
+    interval: Interval = 2.0,
+    updates: Updates = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """List registered runtime instances and their capacity."""
@@ -226,27 +239,60 @@ def instances(
         raise invalid(
             f"airt instances reads the shared registry: set {REDIS_URL_ENV} or --redis-url"
         )
-    descriptors = asyncio.run(_list_instances(redis_url, tenant))
-    if as_json:
-        out.print_json(json.dumps([d.model_dump(mode="json") for d in descriptors]))
-        return
-    table = Table(title=f"runtime instances{f' visible to {tenant}' if tenant else ''}")
-    for col in ("instance", "status", "tenant/mode/prefix", "workers", "runs", "accepts"):
-        table.add_column(col, overflow="fold")
-    for d in descriptors:
-        c = d.capacity
-        table.add_row(
-            d.instance_id,
-            d.status.value,
-            f"{d.tenant_id or '-'} {d.isolation_mode.value} {d.runtime_prefix}",
-            f"{c.active_worker_count} busy, {c.available_worker_count} free of {c.worker_count}"
-            f" (max {c.max_local_workers_per_execution}/execution)",
-            f"{c.queued_run_count} queued (cap {c.queue_capacity}), {c.running_run_count} running,"
-            f" {c.available_run_slots}/{c.max_concurrent_runs} slots free",
-            ("paused" if c.is_queue_paused else "yes" if c.can_accept_run else "no")
-            + f" via {d.provider}",
-        )
-    out.print(table)
+    fmt = output_format(output, as_json)
+    url = redis_url
+
+    def fetch() -> tuple[Any, list[Any]]:
+        descriptors = asyncio.run(_list_instances(url, tenant))
+        return [d.model_dump(mode="json") for d in descriptors], descriptors
+
+    title = f"runtime instances{f' visible to {tenant}' if tenant else ''}"
+    caption = "workers: busy/free/all; runs: queued/running"
+    print_listing(
+        fetch,
+        title=title,
+        columns=INSTANCE_COLUMNS,
+        caption=caption,
+        fmt=fmt,
+        watch=watch,
+        interval=interval,
+        updates=updates,
+    )
+
+
+def _accepts(d: Any) -> str:
+    c = d.capacity
+    return "paused" if c.is_queue_paused else "yes" if c.can_accept_run else "no"
+
+
+INSTANCE_COLUMNS = (
+    Column("instance", lambda d: d.instance_id, is_id=True),
+    Column("status", lambda d: d.status.value, no_wrap=True),
+    Column("tenant", lambda d: d.tenant_id or "-", is_id=True, shorten=True),
+    Column("mode", lambda d: d.isolation_mode.value, no_wrap=True),
+    Column("prefix", lambda d: d.runtime_prefix, is_id=True, wide_only=True),
+    Column(
+        "workers",
+        lambda d: (
+            f"{d.capacity.active_worker_count}/{d.capacity.available_worker_count}"
+            f"/{d.capacity.worker_count}"
+        ),
+    ),
+    Column(
+        "runs",
+        lambda d: f"{d.capacity.queued_run_count}/{d.capacity.running_run_count}",
+    ),
+    Column(
+        "slots free",
+        lambda d: f"{d.capacity.available_run_slots}/{d.capacity.max_concurrent_runs}",
+        wide_only=True,
+    ),
+    Column("accepts", _accepts, no_wrap=True),
+    Column("provider", lambda d: d.provider, wide_only=True),
+    Column("endpoint", lambda d: d.endpoint or "-", is_id=True, wide_only=True),
+    Column("unhealthy loops", lambda d: ", ".join(d.unhealthy_loops) or "-", wide_only=True),
+)
+"""``airt instances``: the capacity at a glance; ``wide`` adds where and how to reach it."""
 
 
 async def _list_instances(url: str, tenant: str | None) -> list[Any]:

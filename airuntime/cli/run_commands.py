@@ -20,6 +20,16 @@ from rich.table import Table
 
 from airuntime.cli.client import _Api, _client, _Token, api_call
 from airuntime.cli.common import EXIT_FAILED, EXIT_OK, console, invalid, out, parse_kv
+from airuntime.cli.listing import (
+    Column,
+    Interval,
+    Output,
+    OutputFormat,
+    Updates,
+    Watch,
+    output_format,
+    print_listing,
+)
 
 runs_app = typer.Typer(
     help="List, read and steer shared runs (hot or archived).",
@@ -53,7 +63,11 @@ def list_runs(
     status: Annotated[list[str] | None, typer.Option(help="Only these statuses.")] = None,
     pipeline: Annotated[str | None, typer.Option(help="Only this pipeline id.")] = None,
     cursor: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
-    as_json: _Json = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as -o json.")] = False,
+    output: Output = None,
+    watch: Watch = False,
+    interval: Interval = 2.0,
+    updates: Updates = None,
     api: _Api = None,
     token: _Token = None,
 ) -> None:
@@ -61,28 +75,46 @@ def list_runs(
     ctx.obj = {"tenant": tenant, "api": api, "token": token}
     if ctx.invoked_subcommand is not None:
         return
+    fmt = output_format(output, as_json)
     base, tok = _client(api, token, tenant)
     params: dict[str, Any] = {"limit": limit, "status": status or []}
     params.update({k: v for k, v in (("pipeline", pipeline), ("cursor", cursor)) if v})
-    page = api_call("GET", f"{base}/v1/runs", tok, params=params, timeout=30)
-    if as_json:
-        _dump(page)
-        return
-    table = Table(title="shared runs")
-    for col in ("shared run", "pipeline", "status", "instance", "run id", "replay of"):
-        table.add_column(col, overflow="fold")
-    for r in page["runs"]:
-        table.add_row(
-            r["shared_run_id"],
-            r["pipeline_id"],
-            r["status"],
-            r.get("assigned_instance_id") or "-",
-            r.get("run_id") or "-",
-            r.get("replay_of") or "-",
-        )
-    out.print(table)
-    if page.get("next_cursor"):
-        console.print(f"more: --cursor {page['next_cursor']}")
+    last: dict[str, Any] = {}
+
+    def fetch() -> tuple[Any, list[Any]]:
+        page = api_call("GET", f"{base}/v1/runs", tok, params=params, timeout=30)
+        last.update(page)
+        return page, page["runs"]
+
+    print_listing(
+        fetch,
+        title="shared runs",
+        columns=RUN_COLUMNS,
+        fmt=fmt,
+        watch=watch,
+        interval=interval,
+        updates=updates,
+    )
+    if last.get("next_cursor") and fmt in (OutputFormat.TABLE, OutputFormat.WIDE):
+        console.print(f"more: --cursor {last['next_cursor']}")
+
+
+def _ms(value: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value / 1000)) if value else "-"
+
+
+RUN_COLUMNS = (
+    Column("shared run", lambda r: r["shared_run_id"], is_id=True),
+    Column("status", lambda r: r["status"], no_wrap=True),
+    Column("pipeline", lambda r: r["pipeline_id"]),
+    Column("instance", lambda r: r.get("assigned_instance_id") or "-", is_id=True, wide_only=True),
+    Column("run id", lambda r: r.get("run_id") or "-", is_id=True, wide_only=True),
+    Column("replay of", lambda r: r.get("replay_of") or "-", is_id=True, wide_only=True),
+    Column("created", lambda r: _ms(r.get("created_at_ms")), no_wrap=True, wide_only=True),
+)
+"""``airt runs``: the row's shared run id whole, never wrapped (80 columns fit it, the
+status and the pipeline); ``wide`` adds where it ran, the runtime's run id, the replayed
+run and the creation time."""
 
 
 def _conn(ctx: typer.Context, tenant: str | None) -> tuple[str, str]:

@@ -4,18 +4,36 @@ Counters and histograms are fed as things happen: the dispatcher's observer
 (admission decisions, dispatch latency, pump cycles, reservations), the supervisor's
 error hook (``airuntime_loop_errors_total{loop}``: a background loop failed and is
 being restarted) and the scale-out watcher's failure hook
-(``airuntime_scale_out_failures_total``). Gauges that live in Redis (queue depth per
-tenant, scale-out requests by phase, suspect instances) and the loops' health are
-refreshed right before each scrape by :meth:`ControlPlaneMetrics.refresh`.
+(``airuntime_scale_out_failures_total``). Gauges that live in Redis (queue depth, runs
+waiting for dispatch and the oldest one's age per tenant, the Ready instances each
+tenant may use, scale-out requests by phase, suspect instances) and the loops' health
+are refreshed right before each scrape by :meth:`ControlPlaneMetrics.refresh`. The
+chart's dashboard and alerting rules (``helm/airuntime``) query these names;
+``tests/observability`` evaluates them on a real Prometheus.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from airuntime.control_plane.dispatch import DispatchResult
 from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutRequest
 from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.shared_queue import QueueItemStatus
+from airuntime.core import keys
+from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
+
+_WAITING = frozenset(
+    {QueueItemStatus.PENDING, QueueItemStatus.CLAIMED, QueueItemStatus.SCALE_OUT_REQUESTED}
+)
+"""Queue-item statuses of a run not dispatched yet (and not ended)."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ControlPlaneMetrics:
@@ -26,6 +44,7 @@ class ControlPlaneMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._archive_metrics(r)
+        self._tenant_metrics(r)
         self.queue_depth = Gauge(
             "airuntime_shared_queue_depth", "Pending shared-queue items.", ["tenant"], registry=r
         )
@@ -121,14 +140,80 @@ class ControlPlaneMetrics:
         self.queue_depth.clear()
         for tenant, n in (await cp.queue.pending_by_tenant()).items():
             self.queue_depth.labels(tenant).set(n)
+        waiting = await self._refresh_waiting()
         counts = {p: 0 for p in ScaleOutPhase}
         for req in await cp.scale_outs.list():
             counts[req.phase] += 1
         for phase, n in counts.items():
             self.scale_out_requests.labels(phase.value).set(n)
-        instances = [d.instance_id for d in await cp.registry.list_all()]
-        suspect, _ = await cp.suspects.state(instances)
+        descriptors = await cp.registry.list_all()
+        suspect, _ = await cp.suspects.state([d.instance_id for d in descriptors])
         self.suspect_instances.set(len(suspect))
+        await self._refresh_ready_instances(descriptors, waiting)
+
+    async def _refresh_waiting(self) -> set[str]:
+        """Runs waiting for dispatch per tenant; returns their tenants.
+
+        Read from the open-runs index (score: creation time) and each run's queue item
+        (status, tenant), not from the queue alone: a run whose scale-out is in flight
+        has left the queue (ScaleOutRequested) but still waits. Small fields only, one
+        pipelined round trip, whatever the pipelines' size.
+        """
+        redis = self.control_plane.redis
+        raw: Any = await redis.zrange(keys.shared_runs_open(), 0, -1, withscores=True)
+        open_runs: list[tuple[Any, float]] = list(raw)
+        pipe = redis.pipeline(transaction=False)
+        for srid, _ in open_runs:
+            pipe.hmget(keys.squeue_item(_text(srid)), "status", "tenant_id")
+        items = await pipe.execute() if open_runs else []
+        now_ms = time.time() * 1000
+        count: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for (_, created_ms), (status, tenant_raw) in zip(open_runs, items, strict=True):
+            if status is None or _text(status) not in _WAITING or tenant_raw is None:
+                continue
+            tenant = _text(tenant_raw)
+            count[tenant] = count.get(tenant, 0) + 1
+            oldest[tenant] = max(oldest.get(tenant, 0.0), (now_ms - created_ms) / 1000)
+        self.waiting.clear()
+        self.waiting_age.clear()
+        for tenant, n in count.items():
+            self.waiting.labels(tenant).set(n)
+            self.waiting_age.labels(tenant).set(max(0.0, oldest[tenant]))
+        return set(count)
+
+    async def _refresh_ready_instances(
+        self, descriptors: list[InstanceDescriptor], queued_tenants: set[str]
+    ) -> None:
+        """Per tenant, the Ready instances admission could choose from (the same
+        visibility rules), so "queued runs and nothing to run them on" is one query."""
+        registry = self.control_plane.registry
+        ready = [d for d in descriptors if d.status is InstanceStatus.READY]
+        self.ready_instances.clear()
+        for tenant_id in sorted(set(await registry.tenant_ids()) | queued_tenants):
+            tenant = await registry.tenant(tenant_id)
+            self.ready_instances.labels(tenant_id).set(sum(d.visible_to(tenant) for d in ready))
+
+    def _tenant_metrics(self, r: CollectorRegistry) -> None:
+        self.waiting = Gauge(
+            "airuntime_runs_waiting",
+            "Shared runs submitted and not dispatched yet (QueuedGlobally or ScaleOutRequested).",
+            ["tenant"],
+            registry=r,
+        )
+        self.waiting_age = Gauge(
+            "airuntime_runs_waiting_oldest_age_seconds",
+            "Time since submission of the tenant's oldest run waiting for dispatch.",
+            ["tenant"],
+            registry=r,
+        )
+        self.ready_instances = Gauge(
+            "airuntime_tenant_ready_instances",
+            "Ready runtime instances the tenant may use (configured tenants and tenants "
+            "with queued runs).",
+            ["tenant"],
+            registry=r,
+        )
 
     def _archive_metrics(self, r: CollectorRegistry) -> None:
         self.archive_backlog = Gauge(

@@ -50,6 +50,7 @@ EVERYTHING: Doc = {
     "metrics": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
         "dashboard": {"enabled": True, "annotations": {"grafana_folder": "airuntime"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     },
     "auth": {
         "tokens": [
@@ -212,6 +213,8 @@ def test_everything_renders_valkey_monitoring_and_pools(render: Callable[..., li
     one(docs, "Secret", "rel-airuntime-redis")
     one(docs, "ServiceMonitor", "rel-airuntime")
     one(docs, "ConfigMap", "rel-airuntime-dashboard")
+    rules = one(docs, "PrometheusRule", "rel-airuntime")
+    assert rules["metadata"]["labels"]["release"] == "prometheus"
     assert len(objects(docs, "RuntimePool")) == 2
 
 
@@ -626,6 +629,7 @@ def test_service_monitor_scrapes_the_control_plane_and_runtime_pods(
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert endpoint["honorLabels"] is True  # a runtime's `instance` is its instance id
     assert NAMESPACE in monitor["spec"]["namespaceSelector"]["matchNames"]
 
     def selected(labels: dict[str, str]) -> bool:
@@ -891,6 +895,15 @@ DASHBOARD_METRICS = [
     "airuntime_steps_total",
     "airuntime_lease_recoveries",
     "airuntime_step_slot_wait_seconds",
+    "airuntime_runs_waiting",
+    "airuntime_runs_waiting_oldest_age_seconds",
+    "airuntime_tenant_ready_instances",
+    "airuntime_scale_out_failures_total",
+    "airuntime_dispatch_failures_total",
+    "airuntime_loop_errors_total",
+    "airuntime_loop_healthy",
+    "airuntime_archive_backlog",
+    "airuntime_archive_errors_total",
 ]
 
 
@@ -1194,7 +1207,8 @@ INSTALLED: Doc = {
     "pythonHandlerModules": ["mycompany.tools"],
 }
 
-# A stand-in for the Prometheus Operator's CRD, so that the ServiceMonitor can be created.
+# Stand-ins for the Prometheus Operator's CRDs, so that the ServiceMonitor and the
+# PrometheusRule can be created.
 SERVICE_MONITOR_CRD: Doc = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
@@ -1211,6 +1225,16 @@ SERVICE_MONITOR_CRD: Doc = {
         }],
     },
 }  # fmt: skip
+
+
+def _stand_in_crd(kind: str, plural: str) -> Doc:
+    crd: Doc = json.loads(json.dumps(SERVICE_MONITOR_CRD))
+    crd["metadata"]["name"] = f"{plural}.monitoring.coreos.com"
+    crd["spec"]["names"] = {"kind": kind, "plural": plural}
+    return crd
+
+
+PROMETHEUS_RULE_CRD = _stand_in_crd("PrometheusRule", "prometheusrules")
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
@@ -1299,6 +1323,7 @@ def installed(helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[I
         try:
             ext = client.ApiextensionsV1Api(release.api)
             ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)
+            ext.create_custom_resource_definition(PROMETHEUS_RULE_CRD)
             client.CoreV1Api(release.api).create_namespace(
                 client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
             )
@@ -1327,6 +1352,10 @@ def test_chart_installs_on_a_real_api_server(installed: Installed) -> None:
         "monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors"
     )["items"]
     assert [m["metadata"]["name"] for m in monitors] == ["rel-airuntime"]
+    rules = custom.list_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", NAMESPACE, "prometheusrules"
+    )["items"]
+    assert [r["metadata"]["name"] for r in rules] == ["rel-airuntime"]
 
 
 def test_upgrade_keeps_the_generated_token_and_valkey_password(installed: Installed) -> None:

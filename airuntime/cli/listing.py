@@ -1,0 +1,171 @@
+"""How every ``airt`` listing prints: ``-o table|wide|json|yaml``, ids that never wrap,
+and ``--watch`` for a live view.
+
+Why this exists: ``airt instances``, ``airt runs`` and ``airt queue`` show rows of
+records whose first column is an id (``tenant-a-runtime-1``, ``sr-<32 hex>``). In an
+80-column terminal rich folded such ids over two lines, which breaks reading and
+copying them. Here an id column is ``no_wrap``: in ``table`` the row's own id is shown
+whole and the other ids it refers to are shortened in the middle
+(``sr-9d7a12…0c72816d42``, both ends kept); ``wide`` shows every id in full and the extra
+columns, at whatever width that takes (like ``kubectl -o wide``); ``json``
+and ``yaml`` print the records as the API (or the registry) gives them, for machines.
+``--watch`` redraws the table every ``--interval`` seconds (rich ``Live``) until Ctrl-C
+(or ``--updates N`` redraws).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from airuntime.cli.common import invalid, out
+
+__all__ = [
+    "Column",
+    "Interval",
+    "Output",
+    "OutputFormat",
+    "Updates",
+    "Watch",
+    "middle",
+    "output_format",
+    "print_listing",
+]
+
+ID_WIDTH = 20
+"""Longest id a ``table`` shows whole; longer ones are shortened in the middle."""
+WIDE_WIDTH = 1000
+"""Console width of ``-o wide``: as wide as the rows need."""
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    WIDE = "wide"
+    JSON = "json"
+    YAML = "yaml"
+
+
+Output = Annotated[
+    OutputFormat | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table (fits 80 columns; ids never wrapped, ids a row refers to shortened "
+        "in the middle), wide (every id whole, more columns), json or yaml.",
+    ),
+]
+Watch = Annotated[
+    bool, typer.Option("--watch", "-w", help="Redraw the table every --interval seconds.")
+]
+Interval = Annotated[
+    float, typer.Option("--interval", min=0.1, max=3600, help="Seconds between --watch redraws.")
+]
+Updates = Annotated[
+    int | None,
+    typer.Option("--updates", min=1, help="With --watch: stop after this many redraws."),
+]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its header, how a record shows in it, whether it is an id (never
+    wrapped; ``shorten``: middle-shortened in ``table``, for ids that are not the row's
+    own) and whether only ``wide`` shows it."""
+
+    header: str
+    cell: Callable[[Any], str]
+    is_id: bool = False
+    shorten: bool = False
+    wide_only: bool = False
+    no_wrap: bool = False
+    """A short word (a status) that must not be folded either."""
+
+
+def middle(text: str, width: int = ID_WIDTH) -> str:
+    """``text`` shortened to ``width`` characters by an ellipsis in the middle."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    tail = width - 1 - head
+    return f"{text[:head]}…{text[-tail:]}"
+
+
+def output_format(output: OutputFormat | None, as_json: bool) -> OutputFormat:
+    """The format chosen by ``-o`` (or the older ``--json``)."""
+    if as_json and output not in (None, OutputFormat.JSON):
+        raise invalid(f"--json and -o {output} contradict each other")
+    return OutputFormat.JSON if as_json else (output or OutputFormat.TABLE)
+
+
+def table(
+    title: str,
+    columns: Sequence[Column],
+    records: Sequence[Any],
+    wide: bool,
+    caption: str | None = None,
+) -> Table:
+    shown = [c for c in columns if wide or not c.wide_only]
+    t = Table(title=title, caption=caption)
+    for c in shown:
+        if c.is_id or c.no_wrap:
+            t.add_column(c.header, no_wrap=True, overflow="ellipsis", min_width=len(c.header))
+        else:
+            t.add_column(c.header, overflow="fold", min_width=len(c.header))
+    for record in records:
+        cells = [c.cell(record) for c in shown]
+        if not wide:
+            cells = [middle(v) if c.shorten else v for c, v in zip(shown, cells, strict=True)]
+        t.add_row(*cells)
+    return t
+
+
+def print_listing(
+    fetch: Callable[[], tuple[Any, Sequence[Any]]],
+    *,
+    title: str,
+    columns: Sequence[Column],
+    fmt: OutputFormat,
+    watch: bool = False,
+    interval: float = 2.0,
+    updates: int | None = None,
+    caption: str | None = None,
+) -> None:
+    """Print what ``fetch`` returns -- (the document for json/yaml, the records for a
+    table) -- once, or redrawn every ``interval`` seconds with ``watch``."""
+    wide = fmt is OutputFormat.WIDE
+    console = Console(width=WIDE_WIDTH) if wide else out
+    if not watch:
+        document, records = fetch()
+        if fmt is OutputFormat.JSON:
+            out.print_json(json.dumps(document))
+        elif fmt is OutputFormat.YAML:
+            out.print(yaml.safe_dump(document, sort_keys=False), highlight=False, end="")
+        else:
+            console.print(table(title, columns, records, wide, caption))
+        return
+    if fmt in (OutputFormat.JSON, OutputFormat.YAML):
+        raise invalid(f"--watch shows a table: use -o table or -o wide, not -o {fmt}")
+    drawn = 0
+    with Live(console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                _, records = fetch()
+                stamp = time.strftime("%H:%M:%S")
+                drawing = table(f"{title} ({stamp})", columns, records, wide, caption)
+                live.update(drawing, refresh=True)
+                drawn += 1
+                if updates is not None and drawn >= updates:
+                    return
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return

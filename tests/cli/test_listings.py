@@ -1,0 +1,202 @@
+"""``airt instances``, ``airt runs``, ``airt queue`` and ``airt drain`` as subprocesses
+against a real served control plane (Valkey, a runtime host, the HTTP API on a TCP port):
+in an 80-column terminal no id is wrapped or cut (the row's own id whole on one line, no
+line wider than 80), ``-o wide`` shows every id whole with the extra columns, ``-o json``
+and ``-o yaml`` parse to the same records, ``--watch`` redraws and stops after
+``--updates``, and invalid combinations exit 2 naming the option."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from airuntime.fleet.registry import CapacityDescriptor, InstanceDescriptor, Registry
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
+from tests.runs.served import ServedControlPlane
+
+LONG_INSTANCE = "tenant-a-runtime-1"
+
+
+@pytest.fixture
+def served(valkey_url: str, tmp_path: Path) -> Iterator[ServedControlPlane]:
+    server = ServedControlPlane(valkey_url, f"sqlite:///{tmp_path / 'history.db'}")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def airt(
+    served: ServedControlPlane, *args: str, token: str = "alice-a", columns: int = 80
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "AIRUNTIME_API_URL": served.url,
+        "AIRUNTIME_API_TOKEN": f"token-{token}",
+        "AIRUNTIME_REDIS_URL": served.redis_url,
+        "COLUMNS": str(columns),
+        "LINES": "50",
+    }
+    code = "import sys; from airuntime.cli.app import main; sys.argv[0] = 'airt'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def whole_on_one_line(text: str, ids: list[str], width: int = 80) -> None:
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines), "\n".join(lines)
+    for i in ids:
+        assert any(i in line for line in lines), f"{i} not whole on one line:\n{text}"
+
+
+def submit(served: ServedControlPlane, token: str, n: int) -> list[str]:
+    doc = {"id": "listed", "steps": [{"id": "a", "uses": "noop"}]}
+    ids = []
+    with httpx.Client(base_url=served.url, headers={"authorization": f"Bearer token-{token}"}) as c:
+        for _ in range(n):
+            r = c.post("/v1/runs", json={"pipeline": doc})
+            assert r.status_code == 202, r.text
+            ids.append(r.json()["shared_run_id"])
+    return ids
+
+
+def wait_succeeded(served: ServedControlPlane, ids: list[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    headers = {"authorization": "Bearer token-alice-a"}
+    with httpx.Client(base_url=served.url, headers=headers) as c:
+        for srid in ids:
+            while c.get(f"/v1/runs/{srid}").json()["status"] != "Succeeded":
+                assert time.monotonic() < deadline, f"{srid} did not succeed"
+                time.sleep(0.05)
+
+
+def test_runs_table_wide_json_yaml(served: ServedControlPlane) -> None:
+    ids = submit(served, "alice-a", 3)
+    table = ok(airt(served, "runs"))
+    whole_on_one_line(table, ids)
+    as_json = json.loads(ok(airt(served, "runs", "-o", "json")))
+    assert {r["shared_run_id"] for r in as_json["runs"]} == set(ids)
+    as_yaml = yaml.safe_load(ok(airt(served, "runs", "-o", "yaml")))
+    assert {r["shared_run_id"] for r in as_yaml["runs"]} == set(ids)
+    wait_succeeded(served, ids)
+    wide = ok(airt(served, "runs", "-o", "wide", "--status", "Succeeded"))
+    assert "run id" in wide and "created" in wide
+    detailed = json.loads(ok(airt(served, "runs", "--json", "--status", "Succeeded")))
+    for run in detailed["runs"]:  # every id of the wide table whole, never shortened
+        for value in (run["shared_run_id"], run["run_id"], run["assigned_instance_id"]):
+            assert value and any(value in line for line in wide.splitlines()), value
+    assert "…" not in wide
+
+
+def test_instances_never_wrap_an_id(served: ServedControlPlane) -> None:
+    async def register(redis: Any, _history: Any) -> None:
+        registry = Registry(redis)
+        descriptor = InstanceDescriptor(
+            instance_id=LONG_INSTANCE,
+            heartbeat_at_ms=0,
+            endpoint="http://10.1.2.3:8080",
+            tenant_id="tenant-a",
+            isolation_mode=IsolationMode.DEDICATED,
+            runtime_prefix="tenant-a-runtime",
+            capacity=CapacityDescriptor(
+                worker_count=4,
+                active_worker_count=0,
+                available_worker_count=4,
+                max_local_workers_per_execution=4,
+                queued_run_count=0,
+                running_run_count=0,
+                active_run_count=0,
+                queue_capacity=10,
+                max_concurrent_runs=2,
+                available_run_slots=0,
+                is_queue_paused=True,
+                can_accept_run=False,
+                snapshot_at_ms=0,
+            ),
+        )
+        await registry.publish(descriptor, ttl_ms=600_000)
+
+    served.call(register)
+    table = ok(airt(served, "instances"))
+    whole_on_one_line(table, [LONG_INSTANCE])
+    listed = json.loads(ok(airt(served, "instances", "-o", "json")))
+    ids = {d["instance_id"] for d in listed}
+    assert LONG_INSTANCE in ids and len(ids) == 2
+    whole_on_one_line(table, sorted(ids))
+    as_yaml = yaml.safe_load(ok(airt(served, "instances", "-o", "yaml")))
+    static = {d["instance_id"]: d["endpoint"] for d in listed}  # heartbeats move on
+    assert {d["instance_id"]: d["endpoint"] for d in as_yaml} == static
+    wide = ok(airt(served, "instances", "-o", "wide"))
+    assert "http://10.1.2.3:8080" in wide and "endpoint" in wide
+    visible = json.loads(ok(airt(served, "instances", "--tenant", "tenant-a", "-o", "json")))
+    assert LONG_INSTANCE in {d["instance_id"] for d in visible}
+
+
+def test_queue_listing_and_drain_with_totals(served: ServedControlPlane) -> None:
+    async def starve_tenant_b(redis: Any, _history: Any) -> None:
+        await Registry(redis).put_tenant(
+            TenantSettings(
+                tenant_id="tenant-b",
+                isolation_mode=IsolationMode.DEDICATED,
+                allow_shared_fallback=False,
+                runtime_prefix="b-rt",
+            )
+        )
+
+    served.call(starve_tenant_b)
+    queued = submit(served, "bob-b", 3)
+    # The background pump keeps trying them (and puts each back): one may be claimed
+    # at the moment of a read.
+    body = json.loads(ok(airt(served, "queue", "-o", "json", token="bob-b")))
+    assert set(body["pending_by_tenant"]) == {"tenant-b"}, body
+    assert 2 <= body["pending"] == body["pending_by_tenant"]["tenant-b"] <= 3, body
+    as_yaml = yaml.safe_load(ok(airt(served, "queue", "-o", "yaml", token="bob-b")))
+    assert set(as_yaml["pending_by_tenant"]) == {"tenant-b"}
+    table = ok(airt(served, "queue", token="bob-b"))
+    assert any(line.split("│")[1:2] == [" tenant-b "] for line in table.splitlines()), table
+    # Another tenant sees only its own (empty) queue.
+    assert json.loads(ok(airt(served, "queue", "-o", "json")))["pending_by_tenant"] == {}
+    drained = airt(served, "drain", "--max-count", "6", "--batch", "2", token="bob-b")
+    totals = json.loads(ok(drained))
+    assert totals["dispatched"] == 0 and totals["failed"] >= 1, totals
+    headers = {"authorization": "Bearer token-bob-b"}
+    with httpx.Client(base_url=served.url, headers=headers) as c:
+        statuses = {c.get(f"/v1/runs/{srid}").json()["status"] for srid in queued}
+    assert statuses == {"QueuedGlobally"}, "a drain without capacity leaves every run queued"
+
+
+def test_watch_redraws_until_updates_and_refuses_json(served: ServedControlPlane) -> None:
+    ids = submit(served, "alice-a", 1)
+    for args in (["runs"], ["instances"], ["queue"]):
+        result = airt(served, *args, "--watch", "--interval", "0.1", "--updates", "3")
+        text = ok(result)
+        assert text.strip(), args
+        if args == ["runs"]:
+            whole_on_one_line(text, ids)
+    refused = airt(served, "runs", "--watch", "-o", "json")
+    assert refused.returncode == 2 and "--watch" in refused.stderr, refused.stderr
+    contradiction = airt(served, "instances", "--json", "-o", "yaml")
+    assert contradiction.returncode == 2 and "--json" in contradiction.stderr
+    bad = airt(served, "queue", "-o", "xml")
+    assert bad.returncode == 2 and "xml" in bad.stderr
