@@ -155,7 +155,13 @@ class MaterialLoader:
         execution_id = await self.execution_id(run)
         execution = None
         if execution_id is not None:
-            execution = await self.execution(execution_id, run.snapshot.tenant_id)
+            # Only an ended run's execution can be archived: a running one that Redis
+            # does not hold yet (the runtime recorded its id, not yet the execution) is
+            # simply not there, and a history that is down must not fail that read.
+            archived = source is Source.ARCHIVE or run.status.terminal
+            execution = await self.execution(
+                execution_id, run.snapshot.tenant_id, archive_fallback=archived
+            )
         return RunMaterial(run, execution, source)
 
     async def shared_run(
@@ -185,9 +191,11 @@ class MaterialLoader:
         record = await self.run_index.get_for_tenant(run.run_id, run.snapshot.tenant_id)
         return record.execution_id if record is not None else None
 
-    async def execution(self, execution_id: str, tenant_id: str) -> ExecutionMaterial | None:
+    async def execution(
+        self, execution_id: str, tenant_id: str, *, archive_fallback: bool = True
+    ) -> ExecutionMaterial | None:
         hot = await self._hot_execution(execution_id, tenant_id)
-        if hot is not None or self.history is None:
+        if hot is not None or self.history is None or not archive_fallback:
             return hot
         archived = await self.history.get_execution(execution_id, tenant_id)
         return None if archived is None else self._archived(archived)

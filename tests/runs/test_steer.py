@@ -3,13 +3,18 @@ its state when it is not waiting), pause and resume, replay, and who may do what
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import yaml
+from redis.asyncio import Redis
 
+from airuntime.core import keys
 from airuntime.examples import pipeline_path
+from airuntime.history import open_history_store
 from tests.control_plane.support import wait_for
-from tests.runs.conftest import Api, auth
+from tests.history.conftest import settings
+from tests.runs.conftest import Api, auth, serving_api
 from tests.runs.support import ended, step_status, submit
 
 
@@ -134,3 +139,30 @@ async def test_steering_a_queued_run_is_409_until_it_has_an_execution(api: Api) 
         return body["status"] == "QueuedGlobally" and "execution" not in body
 
     assert await wait_for(queued, what="the details of a queued run")
+
+
+async def test_a_running_run_reads_from_redis_while_the_history_is_down(hot: Redis) -> None:
+    """A history that is down fails no read of a run Redis holds: a running run whose
+    execution Redis does not hold (the runtime recorded its id, not yet the execution)
+    is answered from Redis, not looked up in the archive (it cannot be archived yet)."""
+    with socket.socket() as s:  # a port nobody listens on: a real, refused connection
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = await open_history_store(
+        f"postgresql://airuntime@127.0.0.1:{port}/airuntime",
+        settings=settings(history_timeout_s=1.0, history_auto_migrate=False),
+    )
+    try:
+        async with serving_api(hot, down) as api:
+            srid = await submit(api.client, example("human-input"))
+            await step_status(api.client, srid, "approve", "input_wait")
+            detail = await api.client.get(f"/v1/runs/{srid}", headers=auth("alice-a"))
+            assert detail.status_code == 200, detail.text
+            execution_id = detail.json()["execution_id"]
+            await hot.delete(*keys.execution_keys(execution_id).all())
+            gone = await api.client.get(f"/v1/runs/{srid}", headers=auth("alice-a"))
+            assert gone.status_code == 200, gone.text
+            assert gone.json()["status"] not in {"Succeeded", "Failed", "Cancelled"}
+            assert not gone.json().get("steps"), gone.json()
+    finally:
+        await down.close()
