@@ -15,8 +15,9 @@ and every registry entry with its prefix.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import kopf
@@ -81,6 +82,9 @@ async def reconcile_pool(
     except ValidationError as exc:
         message = f"Invalid spec: {_validation_text(exc)}"
         _report_failure(body, patch, conditions, Reason.INVALID_SPEC, message, generation)
+        # This generation is handled (it cannot succeed): it is no longer a change to
+        # handle (persistence.ObservedGenerationDiffBase) until the spec changes again.
+        patch.status["observedGeneration"] = generation
         raise kopf.PermanentError(message) from None
     ref = deployments.PoolRef(str(meta.name), str(meta.namespace), str(meta.uid))
     try:
@@ -115,18 +119,26 @@ async def _apply_children(
     ctx: OperatorContext, ref: deployments.PoolRef, spec: RuntimePoolSpec
 ) -> dict[str, Any]:
     """Server-side apply of every object of the pool; returns the applied Deployment."""
-    image = spec.image or ctx.settings.runtime_image
-    applied: dict[str, Any] = {}
     settings = ctx.settings
-    for obj in deployments.children(
+    *dependencies, deployment = deployments.children(
         ref,
         spec,
-        image=image,
+        image=spec.image or settings.runtime_image,
         extra_labels=settings.extra_labels,
         platform_env=settings.runtime_platform_env(),
-    ):
-        applied = await ctx.kube.apply(obj)  # the Deployment comes last
-    return applied
+    )
+    # What the pods refer to (ServiceAccount, ConfigMap, Service) at once, then the
+    # Deployment: its first pod never waits for a missing ServiceAccount.
+    await _gather_all(ctx.kube.apply(obj) for obj in dependencies)
+    return await ctx.kube.apply(deployment)
+
+
+async def _gather_all(requests: Iterable[Awaitable[Any]]) -> None:
+    """Await every request; the first failure is raised once all have finished."""
+    outcomes = await asyncio.gather(*requests, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _report_failure(
@@ -246,8 +258,10 @@ async def refresh_status(
     instances."""
     prefix = str(body.spec.get("runtimePrefix", ""))
     instances = await ctx.view.by_prefix(prefix)
-    ready = int((deployment or {}).get("readyReplicas") or 0)
     status = body.status
+    if find_condition(status.get("conditions"), ConditionType.RECONCILED) is None:
+        return instances  # not reconciled yet: the reconcile writes the first status
+    ready = int((deployment or {}).get("readyReplicas") or 0)
     if status.get("readyReplicas") != ready:
         patch.status["readyReplicas"] = ready
     if status.get("visibleInstances") != len(instances):
