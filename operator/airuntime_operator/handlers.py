@@ -76,7 +76,10 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     # status.observedGeneration, progress (of retries only) lives in annotations.
     kopf_settings.persistence.progress_storage = ProgressAnnotations(prefix=_ANNOTATION_PREFIX)
     kopf_settings.persistence.diffbase_storage = ObservedGenerationDiffBase(
-        kinds=[RUNTIME_POOL.kind], prefix=_ANNOTATION_PREFIX, key="last-handled-configuration"
+        observed=[RUNTIME_POOL.kind],
+        annotated=[SCALE_OUT_REQUEST.kind],
+        prefix=_ANNOTATION_PREFIX,
+        key="last-handled-configuration",
     )
     kopf_settings.posting.level = logging.INFO
     kopf_settings.posting.reporting_component = settings.field_manager

@@ -11,7 +11,7 @@ reconcile, which dominated the operator's API cost at scale.
   status or metadata write). :class:`ObservedGenerationDiffBase` makes that kopf's
   diff base for pools: "handled" is ``status.observedGeneration == generation``,
   written by the reconcile handler in its status patch, so storing it costs nothing.
-  Other kinds (ScaleOutRequests) keep kopf's annotation.
+  ScaleOutRequests (handled once, on creation) keep kopf's annotation.
 * :class:`ProgressAnnotations` keeps handler progress in annotations as before, minus
   kopf's ``<prefix>/kopf-managed`` branding marker: a handler that succeeds on its
   first try stores progress and purges it in the same patch, so without the marker
@@ -36,38 +36,46 @@ class ProgressAnnotations(kopf.AnnotationsProgressStorage):
 
 
 class ObservedGenerationDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """For objects of ``kinds``, the handled spec is the generation the status observed.
+    """For ``observed`` kinds, the handled spec is the generation the status observed.
 
     The essence kopf compares is ``{"metadata": {"generation": N}}``: built from
     ``metadata.generation``, fetched from ``status.observedGeneration`` (none yet: the
     object was never handled, a creation), and never stored -- the handler writes
     ``observedGeneration`` itself once the spec is handled. A spec change is thus a
-    diff until handled; status and metadata writes never are. Other kinds use kopf's
-    last-handled-configuration annotation.
+    diff until handled; status and metadata writes never are.
+
+    ``annotated`` kinds keep kopf's last-handled-configuration annotation. Any other
+    kind (only indexed: no handler looks at its changes) has an empty essence, which
+    spares kopf a deep copy of every such object on every event.
     """
 
-    def __init__(self, *, kinds: Iterable[str], prefix: str, key: str) -> None:
+    def __init__(
+        self, *, observed: Iterable[str], annotated: Iterable[str], prefix: str, key: str
+    ) -> None:
         super().__init__(prefix=prefix, key=key)
-        self.kinds = frozenset(kinds)
-
-    def _tracks(self, body: kopf.Body) -> bool:
-        return body.get("kind") in self.kinds
+        self.observed, self.annotated = frozenset(observed), frozenset(annotated)
 
     def build(
         self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
     ) -> kopf.BodyEssence:
-        if not self._tracks(body):
+        kind = body.get("kind")
+        if kind in self.observed:
+            return _essence(body.metadata.get("generation"))
+        if kind in self.annotated:
             return super().build(body=body, extra_fields=extra_fields)
-        return _essence(body.metadata.get("generation"))
+        return kopf.BodyEssence()
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        if not self._tracks(body):
+        kind = body.get("kind")
+        if kind in self.observed:
+            observed = body.status.get("observedGeneration")
+            return None if observed is None else _essence(observed)
+        if kind in self.annotated:
             return super().fetch(body=body)
-        observed = body.status.get("observedGeneration")
-        return None if observed is None else _essence(observed)
+        return kopf.BodyEssence()
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        if not self._tracks(body):
+        if body.get("kind") in self.annotated:
             super().store(body=body, patch=patch, essence=essence)
 
 

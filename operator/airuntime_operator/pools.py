@@ -106,13 +106,20 @@ async def reconcile_pool(
             "conditions": _reconciled(conditions, spec, deployment_state(applied), generation),
         }
     )
-    kopf.info(
-        body,
-        reason=EventReason.RECONCILED,
-        message=f"{_rollout_summary(spec, previous, deployment_state(applied))}; tenant "
-        f"settings of {spec.tenant_id} published "
-        f"(maxConcurrentStepTasks={spec.max_concurrent_step_tasks}).",
-    )
+    state = deployment_state(applied)
+    if previous is None or previous.get("generation") != state["generation"]:
+        _inform(
+            ctx, body, EventReason.RECONCILED,
+            f"{_rollout_summary(spec, previous, state)}; tenant settings of "
+            f"{spec.tenant_id} published (maxConcurrentStepTasks="
+            f"{spec.max_concurrent_step_tasks}).",
+        )  # fmt: skip
+
+
+def _inform(ctx: OperatorContext, body: kopf.Body, reason: EventReason, message: str) -> None:
+    """An informational event on the pool, unless the operator's settings turn them off."""
+    if ctx.settings.pool_events:
+        kopf.info(body, reason=reason, message=message)
 
 
 async def _apply_children(
@@ -197,6 +204,7 @@ def deployment_state(deployment: Mapping[str, Any]) -> dict[str, Any]:
     status = deployment.get("status") or {}
     annotations = (deployment.get("metadata") or {}).get("annotations") or {}
     return {
+        "generation": (deployment.get("metadata") or {}).get("generation"),
         "readyReplicas": status.get("readyReplicas", 0),
         "availableReplicas": status.get("availableReplicas", 0),
         "replicas": status.get("replicas", 0),
@@ -330,10 +338,11 @@ async def scale_in(
         return 0
     for instance_id in victims:
         ctx.idle_since[spec.runtime_prefix].pop(instance_id, None)
-    kopf.info(
+    _inform(
+        ctx,
         body,
-        reason=EventReason.SCALED_IN,
-        message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
+        EventReason.SCALED_IN,
+        f"Scaled in from {spec.effective_replicas} to {target} replicas: "
         f"{', '.join(victims)} idle for at least {spec.idle_scale_in_delay_seconds}s.",
     )
     return len(victims)
@@ -436,10 +445,11 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
     instances = await ctx.view.by_prefix(prefix, fresh=True) if prefix else []
     for descriptor in instances:
         await ctx.registry.unregister(descriptor.instance_id)
-    kopf.info(
+    _inform(
+        ctx,
         body,
-        reason=EventReason.DELETED,
-        message=f"Removed {', '.join(removed) or 'no objects'}; "
+        EventReason.DELETED,
+        f"Removed {', '.join(removed) or 'no objects'}; "
         f"tenant settings {'removed' if dropped_tenant else 'kept'}; "
         f"{len(instances)} registry entries of prefix {prefix} removed.",
     )
