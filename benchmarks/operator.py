@@ -16,10 +16,15 @@ alone; ``--controller-manager`` adds it.
 What is measured, from the first create request (one fresh cluster per size):
 
 * ``create_s``: the benchmark's own client creating the N pools (8 threads);
-* ``deployments_s``: until N Deployments of the operator exist (seen by a watch);
+* ``deployments_s``: until N Deployments of the operator exist;
 * ``reconciled_s``: until every pool's ``status.observedGeneration`` is its
   generation (the operator applied children, published tenant settings, wrote the
-  status), seen by a watch;
+  status). Both are seen by a watch; the Python client's watch sometimes holds back
+  its last events, so a LIST every 2 s settles it (then up to 2 s late);
+* ``cpu_ms_per_pool``: CPU time of the operator, kube-apiserver and etcd processes
+  over the same span, per pool; ``pools_per_operator_cpu_s`` is the rate the operator
+  would sustain on one core of its own (on a shared machine the wall-clock rate says
+  more about the neighbours than about the operator);
 * ``requests_per_pool``: API requests made by the operator (user agents ``kopf/*``
   and ``airuntime-operator``), counted by verb and resource in the audit log from the
   operator's start until all pools are reconciled plus ``--settle`` seconds (default
@@ -27,8 +32,9 @@ What is measured, from the first create request (one fresh cluster per size):
   breaks them down; watches still open are not in the log yet and not counted.
 
 ``--quick`` (CI): 60 pools, and exit status 1 when a ratio falls below half its
-target -- more than 10 requests per pool (target 5) or fewer than 15 pools/s (target
-30) -- a regression guard that does not depend on how fast the machine is.
+target -- more than 10 requests per pool (target 5) or fewer than 15 pools per
+operator CPU-second (target 30) -- a regression guard that does not depend on how
+busy the machine is (the wall-clock pools/s is reported, not judged).
 
 Reference: kopf issue #111 ("Operator is slow with many objects") reports about
 90 s to handle 300 objects.
@@ -163,6 +169,20 @@ class _Watcher:
         self._watch = watch.Watch()  # type: ignore[no-untyped-call]
         threading.Thread(target=self._run, daemon=True).start()
 
+    def check(self) -> None:
+        """Count with a LIST; ``done`` (now) if enough objects meet the test."""
+        answer = self._custom.list_namespaced_custom_object(
+            *self._gvp[:2], NAMESPACE, self._gvp[2], label_selector=self._selector or ""
+        )
+        if sum(1 for obj in answer["items"] if self._test(obj)) >= self._count:
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.is_set():
+            self.at = time.monotonic()
+            self.done.set()
+        self._watch.stop()  # type: ignore[no-untyped-call]
+
     def _run(self) -> None:
         try:
             self._follow()
@@ -184,9 +204,7 @@ class _Watcher:
             if event["type"] in ("ADDED", "MODIFIED") and self._test(obj):
                 met.add(obj["metadata"]["name"])
             if len(met) >= self._count:
-                self.at = time.monotonic()
-                self.done.set()
-                self._watch.stop()  # type: ignore[no-untyped-call]
+                self._finish()
 
 
 def _reconciled(pool: dict[str, Any]) -> bool:
@@ -231,8 +249,11 @@ def _create_and_wait(api: client.ApiClient, pools: int) -> dict[str, float]:
     create_s = time.monotonic() - started
     _log(f"created {pools} pools in {create_s:.1f}s")
     for watcher, what in ((deployed, "Deployments"), (reconciled, "pools reconciled")):
-        if not watcher.done.wait(600):
-            raise TimeoutError(f"not all {pools} {what} within 10 minutes")
+        deadline = time.monotonic() + 600
+        while not watcher.done.wait(2):
+            watcher.check()  # the watch may hold back its last events: a LIST settles it
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not all {pools} {what} within 10 minutes")
         if watcher.error is not None:
             raise RuntimeError(f"watching the {what} failed") from watcher.error
         _log(f"{pools} {what} after {(watcher.at or 0) - started:.1f}s")
