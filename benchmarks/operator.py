@@ -101,7 +101,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def _operator(env: KubeTestEnv, redis_url: str, workdir: Path) -> Iterator[int]:
+def _operator(
+    env: KubeTestEnv, redis_url: str, workdir: Path, extra: dict[str, str]
+) -> Iterator[int]:
     """``python -m airuntime_operator`` in its own process, ready, until the block ends."""
     port = _free_port()
     environ = {
@@ -110,6 +112,7 @@ def _operator(env: KubeTestEnv, redis_url: str, workdir: Path) -> Iterator[int]:
         "KUBECONFIG": str(env.kubeconfig_path),
         "AIRUNTIME_OPERATOR_STANDALONE": "1",
         "AIRUNTIME_OPERATOR_LIVENESS": f"http://127.0.0.1:{port}/healthz",
+        **extra,
     }
     log = (workdir / "operator.log").open("wb")
     proc = subprocess.Popen(
@@ -264,7 +267,9 @@ def _create_and_wait(api: client.ApiClient, pools: int) -> dict[str, float]:
     }
 
 
-def run(pools: int, *, controller_manager: bool, settle: float) -> dict[str, Any]:
+def run(
+    pools: int, *, controller_manager: bool, settle: float, operator_env: dict[str, str]
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="airuntime-bench-operator-"))
     policy, audit_log = workdir / "audit-policy.yaml", workdir / "audit.log"
     policy.write_text(AUDIT_POLICY)
@@ -287,7 +292,7 @@ def run(pools: int, *, controller_manager: bool, settle: float) -> dict[str, Any
         )
         _log(f"API server up in {env.startup_seconds:.1f}s; starting the operator")
         operator_started = time.time()
-        with _operator(env, redis_server.url, workdir) as operator_pid:
+        with _operator(env, redis_server.url, workdir, operator_env) as operator_pid:
             pids = {**env.pids(), "operator": operator_pid}
             cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
             timings = _create_and_wait(api, pools)
@@ -300,6 +305,7 @@ def run(pools: int, *, controller_manager: bool, settle: float) -> dict[str, Any
     return {
         "pools": pools,
         "controller_manager": controller_manager,
+        "operator_env": operator_env,
         **{key: round(value, 2) for key, value in timings.items()},
         "pools_per_s": round(pools / timings["reconciled_s"], 1),
         "cpu_ms_per_pool": {name: round(1000 * s / pools, 1) for name, s in cpu.items()},
@@ -366,13 +372,24 @@ def main(argv: list[str] | None = None) -> int:
         help="also run kube-controller-manager (ReplicaSets and pods for every Deployment)",
     )
     parser.add_argument(
+        "--operator-env", action="append", default=[], metavar="NAME=VALUE",
+        help="an operator setting other than the default, e.g. "
+        "AIRUNTIME_OPERATOR_POOL_EVENTS=0 (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
         "--settle", type=float, default=2.0, help="seconds counted after the last reconcile"
     )
     args = parser.parse_args(argv)
     sizes = [QUICK_POOLS] if args.quick else args.pools
+    for item in args.operator_env:
+        if not item.partition("=")[0] or "=" not in item:
+            parser.error(f"--operator-env {item!r}: expected NAME=VALUE")
+    operator_env = dict(item.partition("=")[::2] for item in args.operator_env)
     results = [
-        run(n, controller_manager=args.controller_manager, settle=args.settle) for n in sizes
-    ]
+        run(n, controller_manager=args.controller_manager, settle=args.settle,
+            operator_env=operator_env)
+        for n in sizes
+    ]  # fmt: skip
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
