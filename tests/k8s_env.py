@@ -356,6 +356,10 @@ class KubeTestEnv:
         """Log file of each running process, by name."""
         return {p.name: p.log_path for p in self._processes}
 
+    def pids(self) -> dict[str, int]:
+        """Process id of each running process, by name (e.g. for its CPU time)."""
+        return {p.name: p.popen.pid for p in self._processes}
+
     def log_tail(self, name: str, limit: int = _LOG_TAIL_BYTES) -> str:
         """The end of a running process's log (``etcd``, ``kube-apiserver``, ...)."""
         for proc in self._processes:

@@ -39,6 +39,7 @@ from airuntime.k8s.v1alpha1 import (
 from airuntime_operator import deployments, pools, scaleout
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kopf_bridge import api_outcomes, connection_info
+from airuntime_operator.persistence import ObservedGenerationDiffBase, ProgressAnnotations
 from airuntime_operator.settings import OperatorSettings
 
 __all__ = ["FINALIZER", "build_registry", "configure_kopf"]
@@ -70,13 +71,15 @@ def _first(index: Mapping[Any, Collection[Any]], key: Any) -> Any:
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
     """kopf's own settings for this operator (called from the startup handler)."""
     kopf_settings.persistence.finalizer = FINALIZER
-    # Handler progress and the last handled spec live in annotations of our own prefix,
-    # so the status schema stays ours and `kubectl get -o yaml` shows who wrote what.
-    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=_ANNOTATION_PREFIX
-    )
-    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=_ANNOTATION_PREFIX, key="last-handled-configuration"
+    # Nothing of kopf's in the status schema; and nothing written beyond our own status
+    # patch when a handler succeeds first time: a pool's handled spec is its
+    # status.observedGeneration, progress (of retries only) lives in annotations.
+    kopf_settings.persistence.progress_storage = ProgressAnnotations(prefix=_ANNOTATION_PREFIX)
+    kopf_settings.persistence.diffbase_storage = ObservedGenerationDiffBase(
+        observed=[RUNTIME_POOL.kind],
+        annotated=[SCALE_OUT_REQUEST.kind],
+        prefix=_ANNOTATION_PREFIX,
+        key="last-handled-configuration",
     )
     kopf_settings.posting.level = logging.INFO
     kopf_settings.posting.reporting_component = settings.field_manager
@@ -129,14 +132,14 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
     prefix), the pools' Deployments, the instances fulfilled requests were promised."""
 
     @kopf.index(*_POOLS, id="pools_by_target", registry=registry)
-    def pools_by_target(
+    async def pools_by_target(
         namespace: str | None, name: str | None, spec: kopf.Spec, **_: Any
     ) -> dict[tuple[str, str, str], str]:
         key = (str(namespace), str(spec.get("tenantId")), str(spec.get("runtimePrefix")))
         return {key: str(name)}
 
     @kopf.index(*_DEPLOYMENTS, id="pool_deployments", labels=_MANAGED, registry=registry)
-    def pool_deployments(
+    async def pool_deployments(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], dict[str, Any]]:
         return {(str(namespace), str(name)): pools.deployment_state(body)}
@@ -147,7 +150,7 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
         when=lambda status, **_: status.get("phase") == ScaleOutPhase.FULFILLED.value,
         registry=registry,
     )
-    def promised_instances(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, str]:
+    async def promised_instances(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, str]:
         return {str(spec.get("runtimePrefix")): str(status.get("fulfilledRuntimeInstanceId"))}
 
 
@@ -165,7 +168,8 @@ def _register_pool_handlers(registry: kopf.OperatorRegistry, ctx: OperatorContex
 
     @kopf.on.resume(*_POOLS, id="reconcile", backoff=_BACKOFF, registry=registry)
     @kopf.on.create(*_POOLS, id="reconcile", backoff=_BACKOFF, registry=registry)
-    @kopf.on.update(*_POOLS, id="reconcile", field="spec", backoff=_BACKOFF, registry=registry)
+    # A spec change is an update: the generation differs from status.observedGeneration.
+    @kopf.on.update(*_POOLS, id="reconcile", backoff=_BACKOFF, registry=registry)
     async def reconcile_pool(body: kopf.Body, patch: kopf.Patch, retry: int, **kwargs: Any) -> None:
         previous = _pool_deployment(body, kwargs)
         await pools.reconcile_pool(ctx, body=body, patch=patch, previous=previous, retry=retry)

@@ -15,8 +15,9 @@ and every registry entry with its prefix.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import kopf
@@ -81,6 +82,9 @@ async def reconcile_pool(
     except ValidationError as exc:
         message = f"Invalid spec: {_validation_text(exc)}"
         _report_failure(body, patch, conditions, Reason.INVALID_SPEC, message, generation)
+        # This generation is handled (it cannot succeed): it is no longer a change to
+        # handle (persistence.ObservedGenerationDiffBase) until the spec changes again.
+        patch.status["observedGeneration"] = generation
         raise kopf.PermanentError(message) from None
     ref = deployments.PoolRef(str(meta.name), str(meta.namespace), str(meta.uid))
     try:
@@ -102,31 +106,46 @@ async def reconcile_pool(
             "conditions": _reconciled(conditions, spec, deployment_state(applied), generation),
         }
     )
-    kopf.info(
-        body,
-        reason=EventReason.RECONCILED,
-        message=f"{_rollout_summary(spec, previous, deployment_state(applied))}; tenant "
-        f"settings of {spec.tenant_id} published "
-        f"(maxConcurrentStepTasks={spec.max_concurrent_step_tasks}).",
-    )
+    state = deployment_state(applied)
+    if previous is None or previous.get("generation") != state["generation"]:
+        _inform(
+            ctx, body, EventReason.RECONCILED,
+            f"{_rollout_summary(spec, previous, state)}; tenant settings of "
+            f"{spec.tenant_id} published (maxConcurrentStepTasks="
+            f"{spec.max_concurrent_step_tasks}).",
+        )  # fmt: skip
+
+
+def _inform(ctx: OperatorContext, body: kopf.Body, reason: EventReason, message: str) -> None:
+    """An informational event on the pool, unless the operator's settings turn them off."""
+    if ctx.settings.pool_events:
+        kopf.info(body, reason=reason, message=message)
 
 
 async def _apply_children(
     ctx: OperatorContext, ref: deployments.PoolRef, spec: RuntimePoolSpec
 ) -> dict[str, Any]:
     """Server-side apply of every object of the pool; returns the applied Deployment."""
-    image = spec.image or ctx.settings.runtime_image
-    applied: dict[str, Any] = {}
     settings = ctx.settings
-    for obj in deployments.children(
+    *dependencies, deployment = deployments.children(
         ref,
         spec,
-        image=image,
+        image=spec.image or settings.runtime_image,
         extra_labels=settings.extra_labels,
         platform_env=settings.runtime_platform_env(),
-    ):
-        applied = await ctx.kube.apply(obj)  # the Deployment comes last
-    return applied
+    )
+    # What the pods refer to (ServiceAccount, ConfigMap, Service) at once, then the
+    # Deployment: its first pod never waits for a missing ServiceAccount.
+    await _gather_all(ctx.kube.apply(obj) for obj in dependencies)
+    return await ctx.kube.apply(deployment)
+
+
+async def _gather_all(requests: Iterable[Awaitable[Any]]) -> None:
+    """Await every request; the first failure is raised once all have finished."""
+    outcomes = await asyncio.gather(*requests, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _report_failure(
@@ -185,6 +204,7 @@ def deployment_state(deployment: Mapping[str, Any]) -> dict[str, Any]:
     status = deployment.get("status") or {}
     annotations = (deployment.get("metadata") or {}).get("annotations") or {}
     return {
+        "generation": (deployment.get("metadata") or {}).get("generation"),
         "readyReplicas": status.get("readyReplicas", 0),
         "availableReplicas": status.get("availableReplicas", 0),
         "replicas": status.get("replicas", 0),
@@ -246,8 +266,10 @@ async def refresh_status(
     instances."""
     prefix = str(body.spec.get("runtimePrefix", ""))
     instances = await ctx.view.by_prefix(prefix)
-    ready = int((deployment or {}).get("readyReplicas") or 0)
     status = body.status
+    if find_condition(status.get("conditions"), ConditionType.RECONCILED) is None:
+        return instances  # not reconciled yet: the reconcile writes the first status
+    ready = int((deployment or {}).get("readyReplicas") or 0)
     if status.get("readyReplicas") != ready:
         patch.status["readyReplicas"] = ready
     if status.get("visibleInstances") != len(instances):
@@ -316,10 +338,11 @@ async def scale_in(
         return 0
     for instance_id in victims:
         ctx.idle_since[spec.runtime_prefix].pop(instance_id, None)
-    kopf.info(
+    _inform(
+        ctx,
         body,
-        reason=EventReason.SCALED_IN,
-        message=f"Scaled in from {spec.effective_replicas} to {target} replicas: "
+        EventReason.SCALED_IN,
+        f"Scaled in from {spec.effective_replicas} to {target} replicas: "
         f"{', '.join(victims)} idle for at least {spec.idle_scale_in_delay_seconds}s.",
     )
     return len(victims)
@@ -422,10 +445,11 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
     instances = await ctx.view.by_prefix(prefix, fresh=True) if prefix else []
     for descriptor in instances:
         await ctx.registry.unregister(descriptor.instance_id)
-    kopf.info(
+    _inform(
+        ctx,
         body,
-        reason=EventReason.DELETED,
-        message=f"Removed {', '.join(removed) or 'no objects'}; "
+        EventReason.DELETED,
+        f"Removed {', '.join(removed) or 'no objects'}; "
         f"tenant settings {'removed' if dropped_tenant else 'kept'}; "
         f"{len(instances)} registry entries of prefix {prefix} removed.",
     )

@@ -153,6 +153,12 @@ class OperatorSettings(BaseSettings):
     (``AIRUNTIME_OPERATOR_SCALE_IN``, default on; off when something else, e.g. an HPA,
     owns the replicas)."""
 
+    pool_events: bool = Field(default=True, validation_alias=_var("POOL_EVENTS"))
+    """Post informational events on RuntimePools -- Reconciled (when applying the spec
+    changed something), ScaledIn, Deleted -- (``AIRUNTIME_OPERATOR_POOL_EVENTS``, default
+    on). Off, a fleet of pools costs one API request less per reconcile; warnings are
+    posted either way, and the status conditions say the same as the events."""
+
     api_threads: int = Field(default=8, ge=1, validation_alias=_var("API_THREADS"))
     """Threads running blocking Kubernetes API calls (``AIRUNTIME_OPERATOR_API_THREADS``,
     default 8): the operator's API requests in flight at once."""
