@@ -1,98 +1,62 @@
-"""DAG throughput of airuntime, and of a Celery chord on the same Redis, for no-op steps.
+"""DAG throughput of airuntime beside the floor of Redis work and a Celery chord, no-op steps.
 
-Run ``python -m benchmarks.dag_throughput [--json] [--redis-url URL]`` from the
-repository root. Without ``--redis-url`` one embedded Valkey
-(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and every
-system uses it; airuntime keeps its executions in the URL's database, Celery uses
-databases 1 (broker) and 2 (results) of the same server. The whole run takes well
-under a minute on a 2-core machine, about half of it the Celery chord. Each
-airuntime execution's keys are deleted after its run; Celery's results expire after
-an hour (``result_expires``).
+Run ``python -m benchmarks.dag_throughput [--json] [--quick] [--redis-url URL]`` from
+the repository root. Without ``--redis-url`` one embedded Valkey
+(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and
+every system uses it; airuntime and the floor use the URL's database, Celery databases
+1 (broker) and 2 (results). Each execution's and floor's keys are deleted after its run.
 
 What is measured
 ----------------
-airuntime, shapes built from plain pipeline dicts compiled with
-``parse_pipeline`` + ``compile_pipeline``, every step ``uses: noop``:
+Shapes (:mod:`benchmarks.dag_shapes`, every step ``uses: noop``): ``fanout-2000``
+(1 -> 2,000 -> 1), ``fanout-20000``, ``chain-2000``, ``random-2000`` (0-3 random
+earlier parents, seed 7), and a size sweep ``fanout-1000``, ``fanout-10000``,
+``fanout-100000`` (the 100k point runs once).
 
-* ``fanout-2000``: 1 -> 2,000 -> 1 (2,002 steps)
-* ``fanout-20000``: 1 -> 20,000 -> 1 (20,002 steps)
-* ``chain-2000``: a chain of 2,000 steps
-* ``random-2000``: 2,000 steps, each with 0-3 random earlier parents (seed 7)
+* **airuntime**: the execution is created paused (not timed), then **2 worker
+  processes** (``python -m airuntime.cli worker EID --workers 64``, what ``airt
+  worker`` does) start; once both have loaded the plan and listen on the control
+  channel the execution is resumed, so process start-up is outside the figures. 64
+  slots = ``PoolSettings.claim_batch``: one claim or completion call can carry a full
+  batch; the handler is a no-op, so more slots buy nothing.
+* **floor** (:mod:`benchmarks.floor`): the bare-minimum Lua drain of the same DAG
+  (batch claim + batch complete with dependency counters; no ledger, leases, tokens,
+  outputs or control checks), 2 processes with 64 slots each, started the same way.
+* **celery** (:mod:`benchmarks.celery_peer`): ``chain(noop.si(), chord([noop.si()] *
+  2000, noop.si()))`` run by ``celery worker --pool prefork --concurrency 2``, timed on
+  the client from sending to the callback's result (~10 s).
 
-Each execution is created first (not timed), then run by **2 worker processes**
-(``python -m airuntime.cli worker EID --workers 64`` with ``AIRUNTIME_REDIS_URL``
-set), i.e. what ``airt worker`` does. Why 64 slots per process: the handler is a
-no-op, so slots do not buy handler parallelism; they bound how many steps one
-``claimSteps``/``completeSteps`` call can carry. 64 is ``PoolSettings.claim_batch``
-(the most a single claim returns), so one round trip can fill every free slot and a
-completion batch can be as large as a claim batch; more slots only add steps that
-wait in the process's event loop, fewer make batches (and so round trips per step)
-worse. On the 2-core machine this was written on, fan-out shapes gave ~0.11 calls
-per step with 16 slots, ~0.03 with 64 and ~0.02 with 256, at similar throughput.
-``--workers`` changes it.
+Each airuntime/floor shape runs ``--repeat`` times (default 3; the row is the median by
+steps/s, ``runs_steps_per_s`` lists all).
 
-Each shape runs ``--repeat`` times (default 3, a new execution each time) and the
-row reported is the median run by ``steps_per_s``; ``runs_steps_per_s`` lists all
-of them. The fan-out-2000 and random-2000 windows are only ~100-200 ms long, so a
-single run is noisy (a few ms of scheduling on 2 cores is several percent).
-
-* ``steps_per_s`` = steps / duration, where the duration is read from the
-  execution's ledger stream, not from a client clock: from the id of the first
-  ``step_claimed`` entry to the id of the ``execution_finalized`` entry. Stream ids
-  are ``<server ms>-<seq>``, so this is the server's clock at millisecond
-  resolution, and it excludes process start-up, imports and plan loading of the
-  worker processes. The two processes are started together, but on 2 cores the
-  later one typically makes its first claim 10-100 ms after the earlier one (a few
-  hundred ms for fanout-20000, whose plan takes longer to load); ``join_lag_ms``
-  reports that lag, which is inside the measured window (null if only one process
-  claimed anything before the run ended).
-* ``redis_calls_per_step`` = sum of ``round_trips`` the worker processes print on
-  exit (:class:`airuntime.core.redis_client.CountingRedis`: each command or pipeline the
-  client sends counts once; an EVALSHA counts once whatever the script does inside)
-  / steps. It includes each process's set-up reads (plan, inputs, info).
-* ``redis_cpu_us_per_step`` = delta of ``used_cpu_user + used_cpu_sys`` from
-  ``INFO cpu`` taken just before the workers are started and after both exited,
-  in microseconds / steps.
-* ``server_commands_per_step`` (extra) = delta of ``total_commands_processed``
-  from ``INFO stats`` over the same interval / steps. The server counts the
-  commands a Lua script runs, each one, plus the EVALSHA itself.
-
-Celery (``benchmarks/celery_app.py``): ``chain(noop.si(), chord([noop.si()] *
-2000, noop.si()))``, i.e. 1 -> 2,000 -> 1 = 2,002 tasks, shape ``fanout-2000``,
-run by ``celery worker --pool prefork --concurrency 2`` (without gossip, mingle
-and heartbeats, which only add broker chatter) started as a subprocess. The
-benchmark waits until the worker answers ``control.ping`` and one warm-up task has
-round-tripped, then times, on the client's monotonic clock, from sending the
-workflow to the chord callback's result being ready (``result.get()``, which
-Celery's Redis backend serves by pub/sub). It runs once: it takes ~10 s.
-
-* ``redis_calls_per_step`` for Celery cannot be counted on the client (the tasks
-  are sent and acknowledged by the worker's child processes), so it is the server's
-  ``total_commands_processed`` delta over the timed interval / tasks, which is the
-  same number as ``server_commands_per_step``. For airuntime the two differ (client
-  round trips vs. server commands incl. those inside scripts): compare
-  ``server_commands_per_step`` across systems, ``redis_calls_per_step`` only within
-  one system.
-* ``redis_cpu_us_per_step``: as for airuntime, over the timed interval.
+* ``steps_per_s`` = steps / duration; the duration is server time: for airuntime from
+  the first ``step_claimed`` ledger entry to ``execution_finalized`` (stream ids are
+  ``<server ms>-<seq>``), for the floor from its first claim to its last completion
+  (``TIME`` in the script); for Celery the client's monotonic clock.
+* ``redis_calls_per_step`` = client round trips / steps
+  (:class:`airuntime.core.redis_client.CountingRedis`; an EVALSHA counts once). For
+  Celery it is the server's command count (the tasks are sent by child processes).
+* ``redis_cpu_us_per_step`` = delta of ``used_cpu_user + used_cpu_sys`` (``INFO cpu``)
+  from the release of the workers to their exit, in microseconds / steps.
+* ``server_commands_per_step`` = delta of ``total_commands_processed`` / steps (each
+  command a script runs counts, plus the EVALSHA).
 
 Output
 ------
-``--json`` prints one JSON list. Result rows have ``system`` (``airuntime`` or
-``celery``), ``shape``, ``steps``, ``steps_per_s``, ``redis_calls_per_step``,
-``redis_cpu_us_per_step``, and the extras ``duration_s``,
-``server_commands_per_step`` and, for airuntime, ``join_lag_ms`` and
-``runs_steps_per_s``. One row with ``system: "ratio airuntime/celery"`` and
-``shape: "fanout-2000"`` holds airuntime's value divided by Celery's for
-``steps_per_s`` (how many times faster),
-``redis_cpu_us_per_step`` and ``server_commands_per_step``; its ``steps`` and
-``redis_calls_per_step`` are null (the two systems count calls differently, see
-above). Rows with ``system: "target"`` report the performance targets
-(``target``, ``shape``, ``value``, ``threshold``, ``met``); they are a report, not
-an assertion, and the exit status does not depend on them. Without ``--json`` the
-same data is printed as tables. The wall time of the run goes to stderr.
+Result rows (``system`` airuntime | floor | celery, ``shape``, ``steps`` and the figures
+above; ``sweep: true`` on the sweep's rows), ratio rows (``system: "ratio
+airuntime/floor"`` per shape, ``"ratio airuntime/celery"`` on fanout-2000: airuntime's
+figure divided by the other's, measured in the same run) and target rows
+(:mod:`benchmarks.dag_targets`: ``target``, ``shape``, ``value``, ``threshold``,
+``met``, ``gate``). ``--json`` prints them as one JSON list, otherwise as tables; the
+wall time goes to stderr.
 
-``--no-celery`` skips the Celery peer (and the ratio); ``--shapes`` picks airuntime
-shapes.
+``--quick`` (the CI regression guard, about a minute): fanout-2000, fanout-20000 and
+chain-1000 once each (the two fan-outs are the sweep), plus Celery; exit status 1 if a
+ratio target (engine/floor on the fan-outs, airuntime/Celery) falls below its gate,
+half its target. Absolute figures are reported, never gated. Without ``--quick`` the
+exit status does not depend on the targets. ``--no-celery`` skips Celery (and its
+ratio); ``--shapes``/``--sweep`` pick shapes.
 """
 
 from __future__ import annotations
@@ -131,7 +95,7 @@ DEFAULT_REPEAT = 3
 SHAPES = ["fanout-2000", "fanout-20000", "chain-2000", "random-2000"]
 SWEEP = ["fanout-1000", "fanout-10000", "fanout-100000"]
 QUICK_SHAPES = ["fanout-2000", "fanout-20000", "chain-1000"]
-QUICK_SWEEP = ["fanout-1000", "fanout-10000"]
+QUICK_SWEEP = ["fanout-2000", "fanout-20000"]  # the quick shapes' own rows
 
 # --------------------------------------------------------------------------- results
 
@@ -219,10 +183,15 @@ def _stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def _reaped(procs: list[subprocess.Popen[Any]]) -> Iterator[None]:
+def _reaped(procs: list[subprocess.Popen[Any]], *, on_error_only: bool = False) -> Iterator[None]:
+    """Stop ``procs`` when the block ends (``on_error_only``: only if it raised)."""
     try:
         yield
-    finally:
+    except BaseException:
+        for p in procs:
+            _stop(p)
+        raise
+    if not on_error_only:
         for p in procs:
             _stop(p)
 
@@ -305,11 +274,35 @@ def drop_execution(client: redis.Redis, execution_id: str) -> None:
 
 
 async def _create(url: str, plan: Plan) -> str:
+    """A new execution of ``plan``, paused: the workers start it together (_release)."""
     client = connect(url)
     try:
-        return await ExecutionStore(client).create(plan)
+        store = ExecutionStore(client)
+        eid = await store.create(plan)
+        await store.pause(eid, "benchmark")
+        return eid
     finally:
         await client.aclose()
+
+
+async def _resume(url: str, eid: str) -> None:
+    client = connect(url)
+    try:
+        await ExecutionStore(client).resume(eid, "benchmark")
+    finally:
+        await client.aclose()
+
+
+def _release(url: str, client: redis.Redis, eid: str) -> ServerSample:
+    """Once every worker process has loaded the plan and listens on the control channel,
+    resume the paused execution (its notice wakes them at once); the server sample
+    taken just before. Process start-up and plan loading stay out of the figures."""
+    channel = keys.control_channel()
+    while int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0)) < WORKER_PROCESSES:
+        time.sleep(0.005)
+    before = ServerSample.take(client)
+    asyncio.run(_resume(url, eid))
+    return before
 
 
 def run_airuntime(url: str, shape: str, slots: int, repeat: int) -> Row:
@@ -326,13 +319,14 @@ def _run_once(url: str, shape: str, plan: Plan, slots: int) -> Row:
     cmd = [sys.executable, "-m", "airuntime.cli", "worker", eid, "--workers", str(slots)]
     client = redis.Redis.from_url(url)
     try:
-        before = ServerSample.take(client)
         procs = [
             subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
             for _ in range(WORKER_PROCESSES)
         ]
+        with _reaped(procs, on_error_only=True):
+            before = _release(url, client, eid)
         stdouts = _outputs(shape, procs)
         after = ServerSample.take(client)
         round_trips = sum(int(_last_json_line(out)["round_trips"]) for out in stdouts)
@@ -361,8 +355,10 @@ def _floor_once(url: str, shape: str, deps: dict[str, list[str]], slots: int) ->
     client = redis.Redis.from_url(url)
     try:
         floor_id = floor.setup(client, deps)
-        before = ServerSample.take(client)
         procs = floor.start_workers(url, floor_id, slots, WORKER_PROCESSES)
+        with _reaped(procs, on_error_only=True):
+            floor.release(client, floor_id, WORKER_PROCESSES)
+            before = ServerSample.take(client)
         stdouts = _outputs(f"floor {shape}", procs)
         after = ServerSample.take(client)
         duration = floor.window_ms(client, floor_id) / 1000
@@ -443,8 +439,8 @@ def measure(args: argparse.Namespace, url: str) -> list[Row]:
     repeat = max(1, args.repeat or (1 if args.quick else DEFAULT_REPEAT))
     rows: list[Row] = []
     for shape in [*shapes, *(s for s in sweep if s not in shapes)]:
-        is_sweep = shape not in shapes
-        n = 1 if is_sweep and steps_of(shape) > 20_000 else repeat
+        is_sweep = shape in sweep
+        n = 1 if shape not in shapes and steps_of(shape) > 20_000 else repeat
         log(f"airuntime {shape} ...")
         rows.append(run_airuntime(url, shape, args.workers, n))
         log(f"floor {shape} ...")

@@ -9,7 +9,8 @@ scheme) and claim up to N ready steps in the same call. No ledger, claim tokens,
 leases, outputs, per-step status or control checks.
 
 It is driven like the engine: ``WORKER_PROCESSES`` processes
-(``python -m benchmarks.floor URL FLOOR_ID SLOTS``), each looping "complete what I
+(``python -m benchmarks.floor URL FLOOR_ID SLOTS``), started together once both
+listen on a start channel (:func:`release`), each looping "complete what I
 claimed, claim up to SLOTS more" with no handler, sleeping 1 ms doubling to 50 ms when
 nothing was ready. The duration is read from server time (the first claim's and the
 last completion's ``TIME``, stored in the floor's meta hash), like the engine's, which
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,7 @@ async def _drain(url: str, floor_id: str, slots: int) -> int:
     held: list[Any] = []
     idle = 0.001
     try:
+        await _wait_for_start(client, floor_id)
         while True:
             reply = await library.call(client, "drainSteps", script_keys, [slots, *held])
             if int(reply[0]) == 1:
@@ -101,6 +104,31 @@ async def _drain(url: str, floor_id: str, slots: int) -> int:
                 idle = min(idle * 2, IDLE_MAX_S)
     finally:
         await client.aclose()
+
+
+def start_channel(floor_id: str) -> str:
+    """The pub/sub channel on which the driver starts the floor's workers at once."""
+    return f"{keys.execution_keys(floor_id).tag}:start"
+
+
+async def _wait_for_start(client: Any, floor_id: str) -> None:
+    pubsub = client.pubsub()
+    await pubsub.subscribe(start_channel(floor_id))
+    while (await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)) is None:
+        pass
+    await pubsub.aclose()
+
+
+def release(client: redis.Redis, floor_id: str, workers: int) -> None:
+    """Once ``workers`` processes listen, start them (none has claimed anything before)."""
+    channel = start_channel(floor_id)
+    while _listeners(client, channel) < workers:
+        time.sleep(0.005)
+    client.publish(channel, "go")
+
+
+def _listeners(client: redis.Redis, channel: str) -> int:
+    return int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
 def start_workers(url: str, floor_id: str, slots: int, n: int) -> list[subprocess.Popen[str]]:
