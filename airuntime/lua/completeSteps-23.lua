@@ -71,8 +71,10 @@ for k, step in ipairs(steps) do
     out[#out + 1] = step; out[#out + 1] = output
     ow[#ow + 1] = step; ow[#ow + 1] = worker
     tm[#tm + 1] = 'f:' .. step; tm[#tm + 1] = now
-    emit(ek, 'type', 'step_completed', 'step', step, 'worker', worker, 'token', token,
-      'attempt', attempts[k] or '1')
+    -- Same field order as step_claimed: the stream stores entries whose fields match
+    -- its master entry's as values only.
+    emit(ek, 'type', 'step_completed', 'step', step, 'attempt', attempts[k] or '1',
+      'worker', worker, 'token', token)
   end
   if code < 0 then
     emit(ek, 'type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
