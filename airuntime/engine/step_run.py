@@ -253,6 +253,8 @@ class StepRun:
 
 
 def _output_json(step: PlanStep, output: object, limit: int) -> str:
+    if output is None:
+        return "null"  # the common case of side-effect steps, without the encoder
     try:
         text = json.dumps(output, separators=(",", ":"), sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
