@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from airuntime.engine.pipeline import Plan, compile_pipeline, parse_pipeline
+from airuntime.engine.pipeline import PipelineLimits, Plan, compile_pipeline, parse_pipeline
 
 __all__ = ["Deps", "deps_of", "plan_of", "steps_of"]
 
@@ -65,6 +65,9 @@ def steps_of(shape: str) -> int:
 
 
 def plan_of(deps: Deps, pipeline_id: str) -> Plan:
-    """The compiled pipeline of ``deps``: every step ``uses: noop``."""
+    """The compiled pipeline of ``deps``: every step ``uses: noop``. The step limit is
+    raised to the shape's size: it is a policy for submitted pipelines (50,000 by
+    default), and the sweep's 100,000-step point is above it."""
     steps = [{"id": sid, "uses": "noop", "depends_on": ds} for sid, ds in deps.items()]
-    return compile_pipeline(parse_pipeline({"id": pipeline_id, "steps": steps}))
+    limits = PipelineLimits(max_steps=max(PipelineLimits.max_steps, len(steps)))
+    return compile_pipeline(parse_pipeline({"id": pipeline_id, "steps": steps}), limits=limits)

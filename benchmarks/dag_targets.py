@@ -49,7 +49,7 @@ def target_rows(ratios: list[dict[str, Any]], rows: list[dict[str, Any]]) -> lis
         if r["system"] == "ratio airuntime/floor" and r["shape"] in FLOOR_SHAPES:
             out.append(_row(f"steps_per_s / floor >= {FLOOR_RATIO}", r["shape"],
                             r["steps_per_s"], FLOOR_RATIO, gate=FLOOR_RATIO / 2))  # fmt: skip
-        if r["system"] == "ratio airuntime/celery":
+        if r["system"] == "ratio airuntime/celery" and r["steps_per_s"] is not None:
             out.append(_row(f"steps_per_s / celery >= {CELERY_RATIO:g}", r["shape"],
                             r["steps_per_s"], CELERY_RATIO, gate=CELERY_RATIO / 2))  # fmt: skip
     air = [r for r in rows if r["system"] == "airuntime"]
