@@ -1,98 +1,63 @@
-"""DAG throughput of airuntime, and of a Celery chord on the same Redis, for no-op steps.
+"""DAG throughput of airuntime beside the floor of Redis work and a Celery chord, no-op steps.
 
-Run ``python -m benchmarks.dag_throughput [--json] [--redis-url URL]`` from the
-repository root. Without ``--redis-url`` one embedded Valkey
-(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and every
-system uses it; airuntime keeps its executions in the URL's database, Celery uses
-databases 1 (broker) and 2 (results) of the same server. The whole run takes well
-under a minute on a 2-core machine, about half of it the Celery chord. Each
-airuntime execution's keys are deleted after its run; Celery's results expire after
-an hour (``result_expires``).
+Run ``python -m benchmarks.dag_throughput [--json] [--quick] [--redis-url URL]`` from
+the repository root. Without ``--redis-url`` one embedded Valkey
+(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and
+every system uses it; airuntime and the floor use the URL's database, Celery databases
+1 (broker) and 2 (results). Each execution's and floor's keys are deleted after its run.
 
 What is measured
 ----------------
-airuntime, shapes built from plain pipeline dicts compiled with
-``parse_pipeline`` + ``compile_pipeline``, every step ``uses: noop``:
+Shapes (:mod:`benchmarks.dag_shapes`, every step ``uses: noop``): ``fanout-2000``
+(1 -> 2,000 -> 1), ``fanout-20000``, ``chain-2000``, ``random-2000`` (0-3 random
+earlier parents, seed 7), and a size sweep ``fanout-1000``, ``fanout-10000``,
+``fanout-100000`` (the 100k point runs once).
 
-* ``fanout-2000``: 1 -> 2,000 -> 1 (2,002 steps)
-* ``fanout-20000``: 1 -> 20,000 -> 1 (20,002 steps)
-* ``chain-2000``: a chain of 2,000 steps
-* ``random-2000``: 2,000 steps, each with 0-3 random earlier parents (seed 7)
+* **airuntime**: the execution is created paused (not timed), then **2 worker
+  processes** (``python -m airuntime.cli worker EID --workers 64``, what ``airt
+  worker`` does) start; once both have loaded the plan and listen on the control
+  channel the execution is resumed, so process start-up is outside the figures. 64
+  slots = ``PoolSettings.claim_batch``: one claim or completion call can carry a full
+  batch; the handler is a no-op, so more slots buy nothing.
+* **floor** (:mod:`benchmarks.floor`): the bare-minimum Lua drain of the same DAG
+  (batch claim + batch complete with dependency counters; no ledger, leases, tokens,
+  outputs or control checks), 2 processes with 64 slots each, started the same way.
+* **celery** (:mod:`benchmarks.celery_peer`): ``chain(noop.si(), chord([noop.si()] *
+  2000, noop.si()))`` run by ``celery worker --pool prefork --concurrency 2``, timed on
+  the client from sending to the callback's result (~10 s).
 
-Each execution is created first (not timed), then run by **2 worker processes**
-(``python -m airuntime.cli worker EID --workers 64`` with ``AIRUNTIME_REDIS_URL``
-set), i.e. what ``airt worker`` does. Why 64 slots per process: the handler is a
-no-op, so slots do not buy handler parallelism; they bound how many steps one
-``claimSteps``/``completeSteps`` call can carry. 64 is ``PoolSettings.claim_batch``
-(the most a single claim returns), so one round trip can fill every free slot and a
-completion batch can be as large as a claim batch; more slots only add steps that
-wait in the process's event loop, fewer make batches (and so round trips per step)
-worse. On the 2-core machine this was written on, fan-out shapes gave ~0.11 calls
-per step with 16 slots, ~0.03 with 64 and ~0.02 with 256, at similar throughput.
-``--workers`` changes it.
+Each airuntime/floor shape runs ``--repeat`` times (default 3; the row is the median by
+steps/s, ``runs_steps_per_s`` lists all).
 
-Each shape runs ``--repeat`` times (default 3, a new execution each time) and the
-row reported is the median run by ``steps_per_s``; ``runs_steps_per_s`` lists all
-of them. The fan-out-2000 and random-2000 windows are only ~100-200 ms long, so a
-single run is noisy (a few ms of scheduling on 2 cores is several percent).
-
-* ``steps_per_s`` = steps / duration, where the duration is read from the
-  execution's ledger stream, not from a client clock: from the id of the first
-  ``step_claimed`` entry to the id of the ``execution_finalized`` entry. Stream ids
-  are ``<server ms>-<seq>``, so this is the server's clock at millisecond
-  resolution, and it excludes process start-up, imports and plan loading of the
-  worker processes. The two processes are started together, but on 2 cores the
-  later one typically makes its first claim 10-100 ms after the earlier one (a few
-  hundred ms for fanout-20000, whose plan takes longer to load); ``join_lag_ms``
-  reports that lag, which is inside the measured window (null if only one process
-  claimed anything before the run ended).
-* ``redis_calls_per_step`` = sum of ``round_trips`` the worker processes print on
-  exit (:class:`airuntime.core.redis_client.CountingRedis`: each command or pipeline the
-  client sends counts once; an EVALSHA counts once whatever the script does inside)
-  / steps. It includes each process's set-up reads (plan, inputs, info).
-* ``redis_cpu_us_per_step`` = delta of ``used_cpu_user + used_cpu_sys`` from
-  ``INFO cpu`` taken just before the workers are started and after both exited,
-  in microseconds / steps.
-* ``server_commands_per_step`` (extra) = delta of ``total_commands_processed``
-  from ``INFO stats`` over the same interval / steps. The server counts the
-  commands a Lua script runs, each one, plus the EVALSHA itself.
-
-Celery (``benchmarks/celery_app.py``): ``chain(noop.si(), chord([noop.si()] *
-2000, noop.si()))``, i.e. 1 -> 2,000 -> 1 = 2,002 tasks, shape ``fanout-2000``,
-run by ``celery worker --pool prefork --concurrency 2`` (without gossip, mingle
-and heartbeats, which only add broker chatter) started as a subprocess. The
-benchmark waits until the worker answers ``control.ping`` and one warm-up task has
-round-tripped, then times, on the client's monotonic clock, from sending the
-workflow to the chord callback's result being ready (``result.get()``, which
-Celery's Redis backend serves by pub/sub). It runs once: it takes ~10 s.
-
-* ``redis_calls_per_step`` for Celery cannot be counted on the client (the tasks
-  are sent and acknowledged by the worker's child processes), so it is the server's
-  ``total_commands_processed`` delta over the timed interval / tasks, which is the
-  same number as ``server_commands_per_step``. For airuntime the two differ (client
-  round trips vs. server commands incl. those inside scripts): compare
-  ``server_commands_per_step`` across systems, ``redis_calls_per_step`` only within
-  one system.
-* ``redis_cpu_us_per_step``: as for airuntime, over the timed interval.
+* ``steps_per_s`` = steps / duration; the duration is server time: for airuntime from
+  the first ``step_claimed`` ledger entry to ``execution_finalized`` (stream ids are
+  ``<server ms>-<seq>``), for the floor from its first claim to its last completion
+  (``TIME`` in the script); for Celery the client's monotonic clock.
+* ``redis_calls_per_step`` = client round trips / steps
+  (:class:`airuntime.core.redis_client.CountingRedis`; an EVALSHA counts once). For
+  Celery it is the server's command count (the tasks are sent by child processes).
+* ``redis_cpu_us_per_step`` = delta of ``used_cpu_user + used_cpu_sys`` (``INFO cpu``)
+  from the release of the workers to their exit, in microseconds / steps.
+* ``server_commands_per_step`` = delta of ``total_commands_processed`` / steps (each
+  command a script runs counts, plus the EVALSHA).
 
 Output
 ------
-``--json`` prints one JSON list. Result rows have ``system`` (``airuntime`` or
-``celery``), ``shape``, ``steps``, ``steps_per_s``, ``redis_calls_per_step``,
-``redis_cpu_us_per_step``, and the extras ``duration_s``,
-``server_commands_per_step`` and, for airuntime, ``join_lag_ms`` and
-``runs_steps_per_s``. One row with ``system: "ratio airuntime/celery"`` and
-``shape: "fanout-2000"`` holds airuntime's value divided by Celery's for
-``steps_per_s`` (how many times faster),
-``redis_cpu_us_per_step`` and ``server_commands_per_step``; its ``steps`` and
-``redis_calls_per_step`` are null (the two systems count calls differently, see
-above). Rows with ``system: "target"`` report the performance targets
-(``target``, ``shape``, ``value``, ``threshold``, ``met``); they are a report, not
-an assertion, and the exit status does not depend on them. Without ``--json`` the
-same data is printed as tables. The wall time of the run goes to stderr.
+Result rows (``system`` airuntime | floor | celery, ``shape``, ``steps`` and the figures
+above; ``sweep: true`` on the sweep's rows), ratio rows (``system: "ratio
+airuntime/floor"`` per shape, ``"ratio airuntime/celery"`` on fanout-2000: airuntime's
+figure divided by the other's, measured in the same run) and target rows
+(:mod:`benchmarks.dag_targets`: ``target``, ``shape``, ``value``, ``threshold``,
+``met``, ``gate``). ``--json`` prints them as one JSON list, otherwise as tables; the
+wall time goes to stderr.
 
-``--no-celery`` skips the Celery peer (and the ratio); ``--shapes`` picks airuntime
-shapes.
+``--quick`` (the CI regression guard, about a minute): fanout-2000, fanout-20000 and
+chain-1000 once each (the two fan-outs are the sweep), plus a Celery chord of 500 (its
+ratio compares steps/s with airuntime's fanout-2000); exit status 1 if a
+ratio target (engine/floor on the fan-outs, airuntime/Celery) falls below its gate,
+half its target. Absolute figures are reported, never gated. Without ``--quick`` the
+exit status does not depend on the targets. ``--no-celery`` skips Celery (and its
+ratio); ``--shapes``/``--sweep`` pick shapes.
 """
 
 from __future__ import annotations
@@ -100,19 +65,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import os
-import random
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
@@ -121,143 +81,24 @@ from airuntime.core.redis_client import connect
 from airuntime.core.settings import REDIS_URL_ENV as ENV_VAR
 from airuntime.devstack.embedded import EmbeddedServer
 from airuntime.engine.execution_store import ExecutionStore
-from airuntime.engine.pipeline import Plan, compile_pipeline, parse_pipeline
+from airuntime.engine.pipeline import Plan
+from benchmarks import floor
+from benchmarks.celery_peer import run_celery
+from benchmarks.dag_shapes import deps_of, plan_of, steps_of
+from benchmarks.dag_targets import gate_failures, target_rows
+from benchmarks.redis_probe import ServerSample, entries, stream_ms
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER_PROCESSES = 2
 DEFAULT_SLOTS = 64
 CELERY_FANOUT = 2000
-CELERY_CONCURRENCY = 2
-RANDOM_SEED = 7
+QUICK_CELERY_FANOUT = 500
+"""Quick mode's chord: Celery's rate hardly depends on the size, its time does (~2 s)."""
 RUN_TIMEOUT_S = 180.0
 DEFAULT_REPEAT = 3
-CELERY_BROKER_ENV = "AIRUNTIME_BENCH_CELERY_BROKER"  # read by benchmarks/celery_app.py
-CELERY_BACKEND_ENV = "AIRUNTIME_BENCH_CELERY_BACKEND"
-
-# The issue's targets.
-TARGET_FANOUT_STEPS_PER_S = 5000.0
-TARGET_CALLS_PER_STEP = 1.0
-TARGET_SCALING = 0.8  # steps_per_s(fanout-20000) >= 0.8 * steps_per_s(fanout-2000)
-
-# --------------------------------------------------------------------------- shapes
-
-Deps = dict[str, list[str]]
-
-
-def fan(n: int) -> Deps:
-    """root -> n parallel steps -> sink."""
-    d: Deps = {"root": []}
-    for i in range(n):
-        d[f"s{i}"] = ["root"]
-    d["sink"] = [f"s{i}" for i in range(n)]
-    return d
-
-
-def chain(n: int) -> Deps:
-    return {f"c{i}": ([f"c{i - 1}"] if i else []) for i in range(n)}
-
-
-def random_dag(n: int, seed: int, max_parents: int = 3) -> Deps:
-    rng = random.Random(seed)
-    d: Deps = {}
-    for i in range(n):
-        k = rng.randint(0, min(i, max_parents))
-        d[f"n{i}"] = sorted({f"n{j}" for j in rng.sample(range(i), k)}) if i else []
-    return d
-
-
-def plan_of(deps: Deps, pipeline_id: str) -> Plan:
-    steps = [{"id": sid, "uses": "noop", "depends_on": ds} for sid, ds in deps.items()]
-    return compile_pipeline(parse_pipeline({"id": pipeline_id, "steps": steps}))
-
-
-SHAPES: dict[str, Callable[[], Deps]] = {
-    "fanout-2000": lambda: fan(2000),
-    "fanout-20000": lambda: fan(20000),
-    "chain-2000": lambda: chain(2000),
-    "random-2000": lambda: random_dag(2000, RANDOM_SEED),
-}
-
-# --------------------------------------------------------------------------- redis helpers
-
-
-def with_db(url: str, db: int) -> str:
-    """``url`` pointing at database ``db`` (``redis[s]://host/db`` or ``unix://path?db=``)."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(db))]
-        return urlunsplit(parts._replace(query=urlencode(query)))
-    return urlunsplit(parts._replace(path=f"/{db}"))
-
-
-@dataclass(frozen=True)
-class ServerSample:
-    cpu_s: float
-    commands: int
-
-    @staticmethod
-    def take(client: redis.Redis) -> ServerSample:
-        cpu = client.info("cpu")
-        stats = client.info("stats")
-        return ServerSample(
-            float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-            int(stats["total_commands_processed"]),
-        )
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _stream_ms(entry_id: str) -> int:
-    return int(entry_id.split("-", 1)[0])
-
-
-def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
-    """``XRANGE``/``XREVRANGE`` reply as ``[(id, fields)]`` with str keys and values."""
-    return [(_s(i), {_s(k): _s(v) for k, v in (f or {}).items()}) for i, f in reply or []]
-
-
-@dataclass(frozen=True)
-class LedgerWindow:
-    first_claim_ms: int
-    finalized_ms: int
-    join_lag_ms: int | None
-    status: str
-
-
-def ledger_window(client: redis.Redis, execution_id: str) -> LedgerWindow:
-    """First ``step_claimed``, per-process first claims and ``execution_finalized``."""
-    stream = keys.execution_keys(execution_id).events
-    first_by_owner: dict[str, int] = {}
-    start = "-"
-    while len(first_by_owner) < WORKER_PROCESSES:
-        page = _entries(client.xrange(stream, min=start, count=5000))
-        if not page:
-            break
-        for entry_id, f in page:
-            if f.get("type") == "step_claimed":
-                first_by_owner.setdefault(f.get("worker", ""), _stream_ms(entry_id))
-        start = "(" + page[-1][0]
-    if not first_by_owner:
-        raise RuntimeError(f"execution {execution_id}: no step_claimed entry in the ledger")
-    finalized: tuple[int, str] | None = None
-    for entry_id, f in _entries(client.xrevrange(stream, count=20)):
-        if f.get("type") == "execution_finalized":
-            finalized = (_stream_ms(entry_id), f.get("status", ""))
-            break
-    if finalized is None:
-        raise RuntimeError(f"execution {execution_id}: no execution_finalized entry in the ledger")
-    firsts = sorted(first_by_owner.values())
-    lag = firsts[-1] - firsts[0] if len(firsts) >= WORKER_PROCESSES else None
-    return LedgerWindow(firsts[0], finalized[0], lag, finalized[1])
-
-
-def drop_execution(client: redis.Redis, execution_id: str) -> None:
-    client.delete(*keys.execution_keys(execution_id).all())
-    client.zrem(keys.executions_index(), execution_id)
-    client.zrem(keys.active_executions(), execution_id)
-
+SHAPES = ["fanout-2000", "fanout-20000", "chain-2000", "random-2000"]
+SWEEP = ["fanout-1000", "fanout-10000", "fanout-100000"]
+QUICK_SHAPES = ["fanout-2000", "fanout-20000", "chain-1000"]
+QUICK_SWEEP = ["fanout-2000", "fanout-20000"]  # the quick shapes' own rows
 
 # --------------------------------------------------------------------------- results
 
@@ -273,6 +114,7 @@ class Row:
     join_lag_ms: int | None = None
     runs: list[float] | None = None
     """steps_per_s of every repetition (this row is the median one)."""
+    sweep: bool = False
 
     @property
     def steps_per_s(self) -> float:
@@ -307,72 +149,29 @@ class Row:
             d["join_lag_ms"] = self.join_lag_ms
         if self.runs is not None:
             d["runs_steps_per_s"] = [round(x, 1) for x in self.runs]
+        if self.sweep:
+            d["sweep"] = True
         return d
 
 
 def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 2) if b else None
+    return round(a / b, 3) if b else None
 
 
-def ratio_row(air: Row, cel: Row) -> dict[str, Any]:
+def ratio_row(a: Row, b: Row) -> dict[str, Any]:
+    """``a``'s figures divided by ``b``'s (the same shape)."""
     return {
-        "system": "ratio airuntime/celery",
-        "shape": air.shape,
+        "system": f"ratio {a.system}/{b.system}",
+        "shape": a.shape,
         "steps": None,
-        "steps_per_s": _ratio(air.steps_per_s, cel.steps_per_s),
+        "steps_per_s": _ratio(a.steps_per_s, b.steps_per_s),
         "redis_calls_per_step": None,
-        "redis_cpu_us_per_step": _ratio(air.redis_cpu_us_per_step, cel.redis_cpu_us_per_step),
-        "server_commands_per_step": _ratio(
-            air.server_commands_per_step, cel.server_commands_per_step
-        ),
+        "redis_cpu_us_per_step": _ratio(a.redis_cpu_us_per_step, b.redis_cpu_us_per_step),
+        "server_commands_per_step": _ratio(a.server_commands_per_step, b.server_commands_per_step),
     }
 
 
-def target_rows(rows: list[Row]) -> list[dict[str, Any]]:
-    air = {r.shape: r for r in rows if r.system == "airuntime"}
-    out: list[dict[str, Any]] = []
-
-    def add(target: str, shape: str, value: float, threshold: float, met: bool) -> None:
-        out.append(
-            {
-                "system": "target",
-                "target": target,
-                "shape": shape,
-                "value": round(value, 3),
-                "threshold": round(threshold, 3),
-                "met": met,
-            }
-        )
-
-    if (f2 := air.get("fanout-2000")) is not None:
-        add(
-            "steps_per_s >= 5000",
-            f2.shape,
-            f2.steps_per_s,
-            TARGET_FANOUT_STEPS_PER_S,
-            f2.steps_per_s >= TARGET_FANOUT_STEPS_PER_S,
-        )
-    for r in air.values():
-        add(
-            "redis_calls_per_step <= 1.0",
-            r.shape,
-            r.redis_calls_per_step,
-            TARGET_CALLS_PER_STEP,
-            r.redis_calls_per_step <= TARGET_CALLS_PER_STEP,
-        )
-    if f2 is not None and (f20 := air.get("fanout-20000")) is not None:
-        need = TARGET_SCALING * f2.steps_per_s
-        add(
-            "steps_per_s >= 0.8 * steps_per_s(fanout-2000)",
-            f20.shape,
-            f20.steps_per_s,
-            need,
-            f20.steps_per_s >= need,
-        )
-    return out
-
-
-# --------------------------------------------------------------------------- subprocesses
+# --------------------------------------------------------------------------- processes
 
 
 def _stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
@@ -387,12 +186,29 @@ def _stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def _reaped(procs: list[subprocess.Popen[Any]]) -> Iterator[None]:
+def _reaped(procs: list[subprocess.Popen[Any]], *, on_error_only: bool = False) -> Iterator[None]:
+    """Stop ``procs`` when the block ends (``on_error_only``: only if it raised)."""
     try:
         yield
-    finally:
+    except BaseException:
         for p in procs:
             _stop(p)
+        raise
+    if not on_error_only:
+        for p in procs:
+            _stop(p)
+
+
+def _outputs(what: str, procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Wait for the worker processes; their stdout (a failed one raises)."""
+    with _reaped(procs):
+        outputs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outputs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(
+                f"{what}: worker exited {p.returncode}: {stderr[-2000:]}{stdout[-500:]}"
+            )
+    return [stdout for stdout, _ in outputs]
 
 
 def _last_json_line(text: str) -> dict[str, Any]:
@@ -409,26 +225,93 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _median(rows: list[Row]) -> Row:
+    rows = sorted(rows, key=lambda r: r.steps_per_s)
+    median = rows[(len(rows) - 1) // 2]
+    median.runs = [r.steps_per_s for r in rows]
+    return median
+
+
 # --------------------------------------------------------------------------- airuntime
 
 
+@dataclass(frozen=True)
+class LedgerWindow:
+    first_claim_ms: int
+    finalized_ms: int
+    join_lag_ms: int | None
+    status: str
+
+
+def ledger_window(client: redis.Redis, execution_id: str) -> LedgerWindow:
+    """First ``step_claimed``, per-process first claims and ``execution_finalized``."""
+    stream = keys.execution_keys(execution_id).events
+    first_by_owner: dict[str, int] = {}
+    start = "-"
+    while len(first_by_owner) < WORKER_PROCESSES:
+        page = entries(client.xrange(stream, min=start, count=5000))
+        if not page:
+            break
+        for entry_id, f in page:
+            if f.get("type") == "step_claimed":
+                first_by_owner.setdefault(f.get("worker", ""), stream_ms(entry_id))
+        start = "(" + page[-1][0]
+    if not first_by_owner:
+        raise RuntimeError(f"execution {execution_id}: no step_claimed entry in the ledger")
+    finalized: tuple[int, str] | None = None
+    for entry_id, f in entries(client.xrevrange(stream, count=20)):
+        if f.get("type") == "execution_finalized":
+            finalized = (stream_ms(entry_id), f.get("status", ""))
+            break
+    if finalized is None:
+        raise RuntimeError(f"execution {execution_id}: no execution_finalized entry in the ledger")
+    firsts = sorted(first_by_owner.values())
+    lag = firsts[-1] - firsts[0] if len(firsts) >= WORKER_PROCESSES else None
+    return LedgerWindow(firsts[0], finalized[0], lag, finalized[1])
+
+
+def drop_execution(client: redis.Redis, execution_id: str) -> None:
+    client.delete(*keys.execution_keys(execution_id).all())
+    client.zrem(keys.executions_index(), execution_id)
+    client.zrem(keys.active_executions(), execution_id)
+
+
 async def _create(url: str, plan: Plan) -> str:
+    """A new execution of ``plan``, paused: the workers start it together (_release)."""
     client = connect(url)
     try:
-        return await ExecutionStore(client).create(plan)
+        store = ExecutionStore(client)
+        eid = await store.create(plan)
+        await store.pause(eid, "benchmark")
+        return eid
     finally:
         await client.aclose()
 
 
+async def _resume(url: str, eid: str) -> None:
+    client = connect(url)
+    try:
+        await ExecutionStore(client).resume(eid, "benchmark")
+    finally:
+        await client.aclose()
+
+
+def _release(url: str, client: redis.Redis, eid: str) -> ServerSample:
+    """Once every worker process has loaded the plan and listens on the control channel,
+    resume the paused execution (its notice wakes them at once); the server sample
+    taken just before. Process start-up and plan loading stay out of the figures."""
+    channel = keys.control_channel()
+    while int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0)) < WORKER_PROCESSES:
+        time.sleep(0.005)
+    before = ServerSample.take(client)
+    asyncio.run(_resume(url, eid))
+    return before
+
+
 def run_airuntime(url: str, shape: str, slots: int, repeat: int) -> Row:
     """Run ``shape`` ``repeat`` times (a new execution each time); the median run."""
-    plan = plan_of(SHAPES[shape](), shape)
-    rows = sorted(
-        (_run_once(url, shape, plan, slots) for _ in range(repeat)), key=lambda r: r.steps_per_s
-    )
-    median = rows[(len(rows) - 1) // 2]
-    median.runs = [r.steps_per_s for r in rows]
-    return median
+    plan = plan_of(deps_of(shape), shape)
+    return _median([_run_once(url, shape, plan, slots) for _ in range(repeat)])
 
 
 def _run_once(url: str, shape: str, plan: Plan, slots: int) -> Row:
@@ -439,23 +322,17 @@ def _run_once(url: str, shape: str, plan: Plan, slots: int) -> Row:
     cmd = [sys.executable, "-m", "airuntime.cli", "worker", eid, "--workers", str(slots)]
     client = redis.Redis.from_url(url)
     try:
-        before = ServerSample.take(client)
         procs = [
             subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
             for _ in range(WORKER_PROCESSES)
         ]
-        with _reaped(procs):
-            outputs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in procs]
+        with _reaped(procs, on_error_only=True):
+            before = _release(url, client, eid)
+        stdouts = _outputs(shape, procs)
         after = ServerSample.take(client)
-        round_trips = 0
-        for p, (stdout, stderr) in zip(procs, outputs, strict=True):
-            if p.returncode != 0:
-                raise RuntimeError(
-                    f"{shape}: worker exited {p.returncode}: {stderr[-2000:]}{stdout[-500:]}"
-                )
-            round_trips += int(_last_json_line(stdout)["round_trips"])
+        round_trips = sum(int(_last_json_line(out)["round_trips"]) for out in stdouts)
         window = ledger_window(client, eid)
         if window.status != "Succeeded":
             raise RuntimeError(f"{shape}: execution {eid} ended {window.status}")
@@ -468,73 +345,43 @@ def _run_once(url: str, shape: str, plan: Plan, slots: int) -> Row:
     )
 
 
-# --------------------------------------------------------------------------- celery
+# --------------------------------------------------------------------------- floor
 
 
-def run_celery(url: str, n: int = CELERY_FANOUT) -> Row:
-    broker, backend = with_db(url, 1), with_db(url, 2)
-    os.environ[CELERY_BROKER_ENV] = broker
-    os.environ[CELERY_BACKEND_ENV] = backend
-    from benchmarks.celery_app import app
+def run_floor(url: str, shape: str, slots: int, repeat: int) -> Row:
+    """The floor drain (:mod:`benchmarks.floor`) of ``shape``, ``repeat`` times; the median."""
+    deps = deps_of(shape)
+    return _median([_floor_once(url, shape, deps, slots) for _ in range(repeat)])
 
-    app.conf.update(broker_url=broker, result_backend=backend)
-    # ``python -m`` in the repository root makes ``benchmarks`` importable, as for this
-    # module. Not PYTHONPATH: that is searched before the standard library while the
-    # interpreter starts, and the repository's ``operator/`` would shadow ``operator``.
-    env = dict(os.environ)
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker",
-        "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY), "--loglevel", "WARNING",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--hostname", f"bench-{os.getpid()}@%h",
-    ]  # fmt: skip
+
+def _floor_once(url: str, shape: str, deps: dict[str, list[str]], slots: int) -> Row:
     client = redis.Redis.from_url(url)
     try:
-        with tempfile.TemporaryFile(mode="w+") as worker_log:
-            proc = subprocess.Popen(
-                cmd, env=env, cwd=REPO_ROOT, stdout=worker_log, stderr=subprocess.STDOUT
-            )
-            with _reaped([proc]):
-                deadline = time.monotonic() + 60
-                while not app.control.ping(timeout=0.5):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        worker_log.seek(0)
-                        raise RuntimeError(
-                            f"celery worker did not come up: {worker_log.read()[-2000:]}"
-                        )
-                duration, before, after = _time_chord(client, n)
+        floor_id = floor.setup(client, deps)
+        procs = floor.start_workers(url, floor_id, slots, WORKER_PROCESSES)
+        with _reaped(procs, on_error_only=True):
+            floor.release(client, floor_id, WORKER_PROCESSES)
+            before = ServerSample.take(client)
+        stdouts = _outputs(f"floor {shape}", procs)
+        after = ServerSample.take(client)
+        duration = floor.window_ms(client, floor_id) / 1000
+        floor.drop(client, floor_id)
     finally:
         client.close()
-        # AsyncResult.__del__ unsubscribes from the result backend: let it run while
-        # the server is still up (at interpreter exit it would retry a dead server).
-        gc.collect()
-        with contextlib.suppress(Exception):
-            app.backend.result_consumer.stop()
-        app.close()
-    return Row("celery", "fanout-2000", n + 2, duration, None, (before, after))
+    round_trips = sum(int(out.strip().splitlines()[-1]) for out in stdouts)
+    return Row("floor", shape, len(deps), duration, round_trips, (before, after))
 
 
-def _time_chord(client: redis.Redis, n: int) -> tuple[float, ServerSample, ServerSample]:
-    from celery import chain as celery_chain
-    from celery import chord
-
-    from benchmarks.celery_app import noop
-
-    noop.delay().get(timeout=30)  # warm-up: pool children and the result consumer are ready
-    workflow = celery_chain(noop.si(), chord([noop.si() for _ in range(n)], noop.si()))
-    before = ServerSample.take(client)
-    t0 = time.perf_counter()
-    workflow.apply_async().get(timeout=RUN_TIMEOUT_S)
-    duration = time.perf_counter() - t0
-    after = ServerSample.take(client)
-    return duration, before, after
+def celery_row(url: str, n: int) -> Row:
+    duration, before, after = run_celery(url, n)
+    return Row("celery", f"fanout-{n}", n + 2, duration, None, (before, after))
 
 
 # --------------------------------------------------------------------------- main
 
 
 def _print_tables(
-    rows: list[Row], ratio: dict[str, Any] | None, targets: list[dict[str, Any]]
+    rows: list[Row], ratios: list[dict[str, Any]], targets: list[dict[str, Any]]
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -547,62 +394,100 @@ def _print_tables(
     for r in rows:
         calls = f"{r.redis_calls_per_step:.3f}" + ("" if r.round_trips is not None else " (server)")
         table.add_row(
-            r.system, r.shape, str(r.steps), f"{r.steps_per_s:,.0f}", f"{r.duration_s:.3f}", calls,
+            r.system + (" (sweep)" if r.sweep else ""), r.shape, str(r.steps),
+            f"{r.steps_per_s:,.0f}", f"{r.duration_s:.3f}", calls,
             f"{r.server_commands_per_step:.2f}", f"{r.redis_cpu_us_per_step:.1f}",
             "" if r.join_lag_ms is None else str(r.join_lag_ms),
         )  # fmt: skip
     console.print(table)
-    if ratio is not None:
-        console.print(
-            f"airuntime/celery on {ratio['shape']}: {ratio['steps_per_s']}x steps/s, "
-            f"{ratio['redis_cpu_us_per_step']}x Redis CPU per step, "
-            f"{ratio['server_commands_per_step']}x server commands per step"
-        )
-    tt = Table(title="Targets (report only)")
-    for col in ("target", "shape", "value", "threshold", "met"):
+    rt = Table(title="Ratios (measured in this run)")
+    for col in ("ratio", "shape", "steps/s", "redis CPU us/step", "server cmds/step"):
+        rt.add_column(col)
+    for r in ratios:
+        rt.add_row(r["system"], r["shape"], str(r["steps_per_s"]),
+                   str(r["redis_cpu_us_per_step"]), str(r["server_commands_per_step"]))  # fmt: skip
+    console.print(rt)
+    tt = Table(title="Targets")
+    for col in ("target", "shape", "value", "threshold", "met", "quick gate"):
         tt.add_column(col)
     for t in targets:
+        gate = "" if t["gate"] is None else f"{t['gate']:,.3f}"
         tt.add_row(t["target"], t["shape"], f"{t['value']:,.3f}", f"{t['threshold']:,.3f}",
-                   "[green]yes[/green]" if t["met"] else "[red]NO[/red]")  # fmt: skip
+                   "[green]yes[/green]" if t["met"] else "[red]NO[/red]", gate)  # fmt: skip
     console.print(tt)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.dag_throughput", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of tables")
     parser.add_argument("--redis-url", help="use this Redis/Valkey (default: an embedded Valkey)")
-    parser.add_argument(
-        "--workers", type=int, default=DEFAULT_SLOTS, help="slots per worker process"
-    )
-    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument(
-        "--repeat", type=int, default=DEFAULT_REPEAT, help="runs per airuntime shape"
-    )
+    parser.add_argument("--workers", type=int, default=DEFAULT_SLOTS, help="slots per process")
+    parser.add_argument("--shapes", nargs="+", help="shapes (fanout-<n>, chain-<n>, random-<n>)")
+    parser.add_argument("--sweep", nargs="*", help="sizes of the fan-out size sweep (shapes)")
+    parser.add_argument("--repeat", type=int, help="runs per shape (default 3; quick: 1)")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="CI regression guard (< 1 min): fewer, smaller runs; exit 1 if a ratio "
+        "(vs the floor, vs Celery) falls below half its target",
+    )  # fmt: skip
+    return parser
 
+
+def measure(args: argparse.Namespace, url: str) -> list[Row]:
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    sweep = args.sweep if args.sweep is not None else (QUICK_SWEEP if args.quick else SWEEP)
+    repeat = max(1, args.repeat or (1 if args.quick else DEFAULT_REPEAT))
+    rows: list[Row] = []
+    for shape in [*shapes, *(s for s in sweep if s not in shapes)]:
+        is_sweep = shape in sweep
+        n = 1 if shape not in shapes and steps_of(shape) > 20_000 else repeat
+        log(f"airuntime {shape} ...")
+        rows.append(run_airuntime(url, shape, args.workers, n))
+        log(f"floor {shape} ...")
+        rows.append(run_floor(url, shape, args.workers, n))
+        rows[-1].sweep = rows[-2].sweep = is_sweep
+    if not args.no_celery:
+        n = QUICK_CELERY_FANOUT if args.quick else CELERY_FANOUT
+        log(f"celery fanout-{n} ...")
+        rows.append(celery_row(url, n))
+    return rows
+
+
+def ratios_of(rows: list[Row]) -> list[dict[str, Any]]:
+    air = {r.shape: r for r in rows if r.system == "airuntime"}
+    out = [ratio_row(air[r.shape], r) for r in rows if r.system == "floor" and r.shape in air]
+    for cel in (r for r in rows if r.system == "celery"):
+        # The same fan-out, or (quick mode's smaller chord) airuntime's fanout-2000.
+        peer = air.get(cel.shape) or air.get(f"fanout-{CELERY_FANOUT}")
+        if peer is not None:
+            row = ratio_row(peer, cel)
+            if peer.shape != cel.shape:
+                row["shape"] = f"{peer.shape} vs celery {cel.shape}"
+            out.append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         url: str = args.redis_url or stack.enter_context(EmbeddedServer()).url
-        rows: list[Row] = []
-        for shape in args.shapes:
-            log(f"airuntime {shape} ...")
-            rows.append(run_airuntime(url, shape, args.workers, max(1, args.repeat)))
-        if not args.no_celery:
-            log("celery fanout-2000 ...")
-            rows.append(run_celery(url))
-    air = next((r for r in rows if r.system == "airuntime" and r.shape == "fanout-2000"), None)
-    cel = next((r for r in rows if r.system == "celery"), None)
-    ratio = ratio_row(air, cel) if air is not None and cel is not None else None
-    targets = target_rows(rows)
+        rows = measure(args, url)
+    ratios = ratios_of(rows)
+    targets = target_rows(ratios, [r.as_dict() for r in rows])
     if args.json:
-        payload = [r.as_dict() for r in rows] + ([ratio] if ratio else []) + targets
-        print(json.dumps(payload, indent=2))
+        print(json.dumps([r.as_dict() for r in rows] + ratios + targets, indent=2))
     else:
-        _print_tables(rows, ratio, targets)
+        _print_tables(rows, ratios, targets)
     log(f"wall time {time.perf_counter() - started:.1f} s")
+    failed = gate_failures(targets)
+    if args.quick and failed:
+        for t in failed:
+            log(f"REGRESSION: {t['target']} on {t['shape']}: {t['value']} < gate {t['gate']}")
+        return 1
     return 0
 
 

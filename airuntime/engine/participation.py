@@ -409,11 +409,16 @@ class Participation:
 
     async def _flush(self, items: list[Report]) -> None:
         # Each completed step still holds its worker slot; the same round trip that
-        # completes it claims the next ready steps into those slots (not on a retry: a
-        # first call that went through would have claimed them already).
+        # completes it claims the next ready steps into those slots and into the free
+        # ones (reserved here like a claim round does), so a completion that releases a
+        # fan-out fills the pool at once (not on a retry: a first call that went through
+        # would have claimed them already).
         loop = asyncio.get_running_loop()
         slots = len(items)
-        want = 0 if self.terminal or self.cancelling else min(slots, self.settings.claim_batch)
+        claiming = not (self.terminal or self.cancelling)
+        extra = max(0, min(self.free, self.settings.claim_batch - slots)) if claiming else 0
+        self.free -= extra
+        want = min(slots + extra, self.settings.claim_batch) if claiming else 0
         batch = [(i.step, i.token, i.worker, i.output) for i in items]
         calls = 0
         sent = loop.time()
@@ -436,7 +441,7 @@ class Participation:
             self.report_lost("completion batch", [i.step for i in items], err)
             return
         finally:
-            self.free += slots
+            self.free += slots + extra
         self.stats.complete_calls += 1
         for code in result.codes:
             if code in (OK, DUPLICATE):

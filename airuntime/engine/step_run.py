@@ -199,11 +199,13 @@ class StepRun:
         ctx = self.ctx = await self._context(step)
         self.in_handler = True
         try:
+            # asyncio.timeout, not wait_for: no second task per attempt.
             if pool.slots is not None:
-                async with pool.slots.slot(self.part.eid):
-                    output = await asyncio.wait_for(invoke(handler, ctx), step.timeout_s)
+                async with pool.slots.slot(self.part.eid), asyncio.timeout(step.timeout_s):
+                    output = await invoke(handler, ctx)
             else:
-                output = await asyncio.wait_for(invoke(handler, ctx), step.timeout_s)
+                async with asyncio.timeout(step.timeout_s):
+                    output = await invoke(handler, ctx)
         except TimeoutError as exc:
             ctx.mark_cancelled()  # a handler thread still running notices and ends
             raise TimeoutError(f"step {step.id!r} timed out after {step.timeout_s} s") from exc
@@ -251,6 +253,8 @@ class StepRun:
 
 
 def _output_json(step: PlanStep, output: object, limit: int) -> str:
+    if output is None:
+        return "null"  # the common case of side-effect steps, without the encoder
     try:
         text = json.dumps(output, separators=(",", ":"), sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:

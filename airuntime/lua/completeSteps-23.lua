@@ -5,7 +5,9 @@
   claim token of the current claim: a stale worker (its claim expired and was
   recovered, or re-claimed by someone else) is rejected and changes nothing. A
   completed step releases its dependents (O(children)); the last completion
-  finalizes.
+  finalizes. The batch is read and written with a fixed number of multi-field
+  commands (includes/bulk) plus one ledger entry per step; a step named twice in
+  one call is judged as if the calls came one after the other.
 
   Input:
     KEYS[1..21] the execution's keys
@@ -27,8 +29,9 @@
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
+--- @include "bulk"
 --- @include "emit"
---- @include "releaseChildren"
+--- @include "releaseMany"
 --- @include "refreshStatus"
 --- @include "claimReady"
 --- @include "finalize"
@@ -38,41 +41,57 @@ if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
 local owner = ARGV[1]
 local now = nowMs()
 local result = {'', 0, 0}
-local accepted = 0
-local readied = 0
-for i = 4, #ARGV, 4 do
-  local step, token, worker, output = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local st = redis.call('HGET', ek.status, step)
+local steps = {}
+for i = 4, #ARGV, 4 do steps[#steps + 1] = ARGV[i] end
+local statuses = hmgetMany(ek.status, steps)
+local tokens = hmgetMany(ek.token, steps)
+local attempts = hmgetMany(ek.attempt, steps)
+local done = {}
+local accepted = {}
+local st, out, ow, tm = {}, {}, {}, {}
+for k, step in ipairs(steps) do
+  local i = 4 * k
+  local token, worker, output = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local s = statuses[k]
+  if done[step] then s = 'completed' end
   local code
-  if not st then
+  if not s then
     code = -2
-  elseif redis.call('HGET', ek.token, step) ~= token then
+  elseif tokens[k] ~= token then
     code = -3
-  elseif st == 'completed' then
+  elseif s == 'completed' then
     code = 2
-  elseif st ~= 'running' then
+  elseif s ~= 'running' then
     code = -4
   else
     code = 1
-    accepted = accepted + 1
-    redis.call('HSET', ek.status, step, 'completed')
-    redis.call('HSET', ek.out, step, output)
-    redis.call('HSET', ek.owner, step, worker)
-    redis.call('HSET', ek.times, 'f:' .. step, now)
-    redis.call('ZREM', ek.running, step)
-    emit(ek, 'type', 'step_completed', 'step', step, 'worker', worker, 'token', token,
-      'attempt', redis.call('HGET', ek.attempt, step) or '1')
-    readied = readied + releaseChildren(ek, step)
+    done[step] = true
+    accepted[#accepted + 1] = step
+    st[#st + 1] = step; st[#st + 1] = 'completed'
+    out[#out + 1] = step; out[#out + 1] = output
+    ow[#ow + 1] = step; ow[#ow + 1] = worker
+    tm[#tm + 1] = 'f:' .. step; tm[#tm + 1] = now
+    -- Same field order as step_claimed: the stream stores entries whose fields match
+    -- its master entry's as values only.
+    emit(ek, 'type', 'step_completed', 'step', step, 'attempt', attempts[k] or '1',
+      'worker', worker, 'token', token)
   end
   if code < 0 then
     emit(ek, 'type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
   end
   result[#result + 1] = code
 end
-if accepted > 0 then
-  redis.call('HINCRBY', ek.meta, 'completed', accepted)
-  redis.call('HINCRBY', ek.meta, 'done', accepted)
-  redis.call('HINCRBY', ek.meta, 'running', -accepted)
+local readied = 0
+if #accepted > 0 then
+  hsetMany(ek.status, st)
+  hsetMany(ek.out, out)
+  hsetMany(ek.owner, ow)
+  hsetMany(ek.times, tm)
+  zremMany(ek.running, accepted)
+  redis.call('HINCRBY', ek.meta, 'completed', #accepted)
+  redis.call('HINCRBY', ek.meta, 'done', #accepted)
+  redis.call('HINCRBY', ek.meta, 'running', -#accepted)
+  readied = releaseMany(ek, accepted)
 end
 local status = refreshStatus(ek)
 local final = finalizeIfDone(ek, now)

@@ -133,6 +133,10 @@ class UnknownHandlerError(LookupError):
         return str(self.args[0])
 
 
+_CANCEL_LOCK = threading.Lock()
+"""Orders a cancel against the lazy creation of a context's thread event."""
+
+
 @dataclass
 class StepContext:
     """Everything a handler gets for one attempt of one step."""
@@ -151,7 +155,9 @@ class StepContext:
     """The claim token this attempt runs under (see the module doc)."""
     fencing_seq: int = 0
     """The claim's sequence number in its execution: higher for every later claim."""
-    _cancel_flag: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel_requested: bool = field(default=False, repr=False)
+    _cancel_flag: threading.Event | None = field(default=None, repr=False)
+    """Created only when a sync handler waits (wait_cancelled): most attempts never do."""
     _thread_future: Future[Any] | None = field(default=None, repr=False)
 
     @property
@@ -162,12 +168,18 @@ class StepContext:
 
     def is_cancelled(self) -> bool:
         """True once the engine asked this attempt to stop (safe from any thread)."""
-        return self._cancel_flag.is_set()
+        return self._cancel_requested
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block (a sync handler's thread) until a cancel or ``timeout``; True if cancelled.
         A sync handler sleeping with this stops at once when the step is cancelled."""
-        return self._cancel_flag.wait(timeout)
+        with _CANCEL_LOCK:
+            if self._cancel_flag is None:
+                self._cancel_flag = threading.Event()
+                if self._cancel_requested:
+                    self._cancel_flag.set()
+            flag = self._cancel_flag
+        return flag.wait(timeout)
 
     def mark_cancelled(self) -> bool:
         """Ask this attempt to stop (the engine calls it, on the event loop's thread).
@@ -176,7 +188,11 @@ class StepContext:
         True if a thread is running the handler right now: it stops only when it notices
         (:meth:`is_cancelled`); otherwise nothing runs the handler any more, or it is an
         async handler, and the caller cancels its task."""
-        self._cancel_flag.set()
+        with _CANCEL_LOCK:
+            self._cancel_requested = True
+            flag = self._cancel_flag
+        if flag is not None:
+            flag.set()
         self.cancelled.set()
         future = self._thread_future
         if future is None or future.cancel():

@@ -33,13 +33,23 @@ local function buildSnapshot(ek, final, now)
   local owners = hashToTable(ek.owner)
   local times = hashToTable(ek.times)
   local parts = {}
+  -- Statuses and worker ids repeat across steps: encode each distinct one once.
+  local encoded = {}
+  local function cached(s)
+    local e = encoded[s]
+    if not e then
+      e = jsonString(s)
+      encoded[s] = e
+    end
+    return e
+  end
   for i = 1, #statuses, 2 do
     local step = statuses[i]
-    local p = {jsonString(step), ':{"status":', jsonString(statuses[i + 1]),
+    local p = {jsonString(step), ':{"status":', cached(statuses[i + 1]),
       ',"attempts":', attempts[step] or '1'}
     if outs[step] then p[#p + 1] = ',"output":' .. outs[step] end
     if errs[step] then p[#p + 1] = ',"error":' .. jsonString(errs[step]) end
-    if owners[step] then p[#p + 1] = ',"worker":' .. jsonString(owners[step]) end
+    if owners[step] then p[#p + 1] = ',"worker":' .. cached(owners[step]) end
     if times['c:' .. step] then p[#p + 1] = ',"claimed_at_ms":' .. times['c:' .. step] end
     if times['f:' .. step] then p[#p + 1] = ',"finished_at_ms":' .. times['f:' .. step] end
     p[#p + 1] = '}'

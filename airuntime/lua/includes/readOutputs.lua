@@ -1,7 +1,9 @@
--- Append, for each step the given step's inputs reference, its id and output JSON
--- (HMGET in chunks so a fan-in over many thousands of steps stays under Lua's stack limit).
-local function readOutputs(ek, step, result)
-  local refs = redis.call('HGET', ek.refs, step)
+--- @include "bulk"
+-- Append, for each step a claimed step's inputs reference, its id and output JSON:
+-- readOutputsOf takes the step's `refs` field (comma-separated ids, or false: none),
+-- readOutputs reads it first. HMGET in chunks (bulk), so a fan-in over many
+-- thousands of steps stays under Lua's stack limit.
+local function readOutputsOf(ek, refs, result)
   if not refs then
     result[#result + 1] = 0
     return
@@ -9,15 +11,13 @@ local function readOutputs(ek, step, result)
   local names = {}
   for ref in string.gmatch(refs, '[^,]+') do names[#names + 1] = ref end
   result[#result + 1] = #names
-  local i = 1
-  while i <= #names do
-    local chunk = {}
-    for j = i, math.min(i + 999, #names) do chunk[#chunk + 1] = names[j] end
-    local outs = redis.call('HMGET', ek.out, unpack(chunk))
-    for k, ref in ipairs(chunk) do
-      result[#result + 1] = ref
-      result[#result + 1] = outs[k] or 'null'
-    end
-    i = i + 1000
+  local outs = hmgetMany(ek.out, names)
+  for k, ref in ipairs(names) do
+    result[#result + 1] = ref
+    result[#result + 1] = outs[k] or 'null'
   end
+end
+
+local function readOutputs(ek, step, result)
+  readOutputsOf(ek, redis.call('HGET', ek.refs, step), result)
 end

@@ -1,7 +1,9 @@
--- Derive the execution status from its control fields and counters and store it.
+-- Derive the execution status from its control fields and counters and store it
+-- (written only when it changed: most calls of a running execution leave it Running).
 -- Only 'Running' allows new claims.
 local function refreshStatus(ek)
-  local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'waiting_input')
+  local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'waiting_input',
+    'status')
   local status
   if m[1] and m[1] ~= '' then
     status = m[1]
@@ -16,6 +18,6 @@ local function refreshStatus(ek)
   else
     status = 'Running'
   end
-  redis.call('HSET', ek.meta, 'status', status)
+  if m[6] ~= status then redis.call('HSET', ek.meta, 'status', status) end
   return status
 end
