@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.control_plane.api import fleet, health, queue, run_reads, run_steer, runs
 from airuntime.control_plane.api.deps import ApiContext
+from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import BodyLimit
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, NotAllowed
@@ -46,6 +47,11 @@ def create_app(
             {"type": "pipeline", "loc": ["body", "pipeline", *loc], "msg": msg}
             for loc, msg in exc.problems
         ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(InvalidField)
+    async def _invalid_field(request: Request, exc: InvalidField) -> JSONResponse:
+        detail = [{"type": "value_error", "loc": ["body", exc.field], "msg": exc.detail}]
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(ControlPlaneError)
