@@ -19,12 +19,15 @@ from airuntime.control_plane.api import fleet, health, queue, run_reads, run_ste
 from airuntime.control_plane.api.deps import ApiContext
 from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import BodyLimit
+from airuntime.control_plane.mcp.server import McpEndpoint
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, NotAllowed
 from airuntime.control_plane.service import ControlPlane, ControlPlaneError, PipelineRefused
 from airuntime.history.errors import HistoryUnavailable
 from airuntime.history.store import HistoryStore
 
+MCP_PATH: Final = "/mcp"
+"""Where the MCP server answers (streamable HTTP), on the API's port."""
 RETRY_AFTER_S: Final = 5
 """What a 503 asks the caller to wait before trying again, seconds."""
 
@@ -81,4 +84,16 @@ def create_app(
 
     for module in (health, run_reads, run_steer, runs, queue, fleet):
         app.include_router(module.router)
+    if control_plane.settings.mcp_enabled:
+        endpoint = McpEndpoint(app.state.airuntime, auth)
+        app.state.mcp = endpoint
+        app.add_route(MCP_PATH, endpoint, include_in_schema=False)  # type: ignore[arg-type]
     return app
+
+
+async def close_app(app: FastAPI) -> None:
+    """Stop what the app started on its own (the MCP endpoint's session manager); the
+    API runs without an ASGI lifespan, so its server calls this when it stops."""
+    endpoint: McpEndpoint | None = getattr(app.state, "mcp", None)
+    if endpoint is not None:
+        await endpoint.close()
