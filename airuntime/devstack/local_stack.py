@@ -106,15 +106,8 @@ async def serve_control_plane(
         auth = _development_auth(tenants or [], state)
     stop = _stop_on_signals(stop or asyncio.Event())
     app = create_app(cp, auth, metrics, history)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
     await cp.start()
     serving = asyncio.create_task(server.serve())
     try:

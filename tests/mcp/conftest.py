@@ -161,6 +161,20 @@ async def stack(
 
 
 @asynccontextmanager
+async def serve_app_only(redis: Redis, history: HistoryStore) -> AsyncIterator[str]:
+    """The API app (and /mcp) of a control plane whose loops never start: for a Redis
+    that does not answer."""
+    app = create_app(ControlPlane(redis, ControlPlaneSettings()), Authenticator(token_entries()))
+    server, serving, url = await _listen(app)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        await serving
+        await close_app(app)
+
+
+@asynccontextmanager
 async def mcp_session(url: str, user: str | None) -> AsyncIterator[ClientSession]:
     """The SDK's client session on ``<url>/mcp`` with ``user``'s bearer token."""
     headers = {"authorization": f"Bearer {token(user)}"} if user else {}
