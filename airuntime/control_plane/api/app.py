@@ -19,7 +19,6 @@ from airuntime.control_plane.api import fleet, health, queue, run_reads, run_ste
 from airuntime.control_plane.api.deps import ApiContext
 from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import BodyLimit
-from airuntime.control_plane.mcp.server import McpEndpoint
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, NotAllowed
 from airuntime.control_plane.service import ControlPlane, ControlPlaneError, PipelineRefused
@@ -85,6 +84,9 @@ def create_app(
     for module in (health, run_reads, run_steer, runs, queue, fleet):
         app.include_router(module.router)
     if control_plane.settings.mcp_enabled:
+        # Imported here: the MCP package imports this package's operations.
+        from airuntime.control_plane.mcp.server import McpEndpoint
+
         endpoint = McpEndpoint(app.state.airuntime, auth)
         app.state.mcp = endpoint
         app.add_route(MCP_PATH, endpoint, include_in_schema=False)  # type: ignore[arg-type]
@@ -94,6 +96,6 @@ def create_app(
 async def close_app(app: FastAPI) -> None:
     """Stop what the app started on its own (the MCP endpoint's session manager); the
     API runs without an ASGI lifespan, so its server calls this when it stops."""
-    endpoint: McpEndpoint | None = getattr(app.state, "mcp", None)
+    endpoint = getattr(app.state, "mcp", None)
     if endpoint is not None:
         await endpoint.close()
