@@ -44,8 +44,10 @@ acts as the caller's tenant; another tenant's runs are "not found"."""
 
 def build_server(context: ApiContext, access: McpAccess) -> MCPServer[Any]:
     """The MCP server: every tool, resource and prompt over ``context``."""
+    # WARNING: the SDK configures the root logger (basicConfig) with this level; INFO
+    # would make every control plane log each MCP request.
     server: MCPServer[Any] = MCPServer(
-        "airuntime", instructions=INSTRUCTIONS, version=installed_version()
+        "airuntime", instructions=INSTRUCTIONS, version=installed_version(), log_level="WARNING"
     )
     AirTools(context, access).register(server)
     AirResources(context, access).register(server)
