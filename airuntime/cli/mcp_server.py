@@ -12,8 +12,8 @@ Two ways, chosen by what is configured:
   ``--token`` in ``--tokens-file``/``AIRUNTIME_TOKENS_FILE``, or as a local admin of
   ``--tenant`` with the explicit ``--local-admin``.
 
-Exit 2 for what cannot work (no way to connect, an unknown token), before any message
-is read.
+Exit 2 for what cannot work (no way to connect, an unknown token, a control plane that
+serves no MCP), before any message is read.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import asyncio
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 
 from airuntime.cli.client import _client
@@ -57,9 +58,11 @@ def mcp(
     """Serve MCP over stdio: relay to a control plane's /mcp, or serve from Redis."""
     if api or not redis_url:
         url, bearer = _client(api, token, tenant)
+        endpoint = f"{url.rstrip('/')}/mcp"
+        _check_remote(endpoint, bearer)
         from airuntime.control_plane.mcp.bridge import relay_stdio
 
-        asyncio.run(relay_stdio(f"{url.rstrip('/')}/mcp", bearer))
+        asyncio.run(relay_stdio(endpoint, bearer))
         return
     principal = _principal(token, tokens_file, tenant, local_admin)
     try:
@@ -67,6 +70,21 @@ def mcp(
     except Exception as exc:  # pydantic's error names the variable and the value
         raise invalid(f"control-plane settings: {exc}") from None
     asyncio.run(_serve(redis_url, principal, settings, tokens_file))
+
+
+def _check_remote(endpoint: str, bearer: str) -> None:
+    """Exit 2 now for a server that is unreachable, refuses the token or serves no MCP:
+    relayed, these would reach the agent only as an opaque error of its first request."""
+    ping = {"jsonrpc": "2.0", "id": 0, "method": "ping"}
+    headers = {"authorization": f"Bearer {bearer}", "accept": "application/json, text/event-stream"}
+    try:
+        resp = httpx.post(endpoint, json=ping, headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        raise invalid(f"cannot reach the MCP server at {endpoint}: {exc}") from None
+    if resp.status_code == 401:
+        raise invalid(f"{endpoint}: 401, the token is refused (--token, AIRUNTIME_API_TOKEN)")
+    if resp.status_code == 404:
+        raise invalid(f"{endpoint}: 404, the control plane serves no MCP (AIRUNTIME_MCP_ENABLED)")
 
 
 def _principal(
