@@ -5,10 +5,12 @@ completion); report, ledger, trace and replay of a completed run."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_asyncio
+from mcp.types import TextResourceContents
 from redis.asyncio import Redis
 
 from airuntime.control_plane.scale_out import LocalScaler
@@ -125,7 +127,11 @@ async def test_report_ledger_trace_and_replay_of_a_completed_run(
         types = [e["type"] for e in ledger["events"]]
         assert types[0] == "execution_created" and types.count("step_completed") == 2
         [resource] = (await op.read_resource(f"airuntime://runs/{srid}/ledger")).contents
-        assert f'"execution_id":"{eid}"' in resource.text  # type: ignore[union-attr]
+        assert isinstance(resource, TextResourceContents)
+        assert json.loads(resource.text) == ledger
+        [details] = (await op.read_resource(f"airuntime://runs/{srid}")).contents
+        assert isinstance(details, TextResourceContents)
+        assert json.loads(details.text)["steps"] == done["steps"]
 
         replay = await ok(op, "replay_run", shared_run_id=srid)
         again = await until(
