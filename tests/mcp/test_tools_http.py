@@ -108,7 +108,16 @@ async def test_steering_reading_and_replaying_a_run_through_mcp(valkey: Any, his
         listed = await ok(op, "list_runs")
         ids = [r["shared_run_id"] for r in listed["runs"]]
         assert ids[:2] == [replay["shared_run_id"], srid]  # newest first
-        cancelled = await ok(op, "cancel_run", shared_run_id=replay["shared_run_id"])
+        # Cancel the replay once it waits for its input, a stable state: a cancel racing
+        # the pump's delivery of the run only records "cancel requested" (ControlPlane.cancel).
+        again = replay["shared_run_id"]
+
+        async def replay_waiting() -> bool:
+            body = await ok(op, "get_run", shared_run_id=again)
+            return (body.get("execution") or {}).get("status") == "WaitingForInput"
+
+        await until(replay_waiting, what="the replay to wait for its input")
+        cancelled = await ok(op, "cancel_run", shared_run_id=again)
         assert cancelled["shared_run_id"] == replay["shared_run_id"]
         await until(lambda: _ended(op, replay["shared_run_id"]), what="the replay to be cancelled")
         ended = await ok(op, "get_run", shared_run_id=replay["shared_run_id"])
