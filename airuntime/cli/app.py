@@ -4,7 +4,7 @@ Why this module is small: each command group lives in its own module
 (:mod:`~airuntime.cli.engine` ``run``/``worker``/``instances``,
 :mod:`~airuntime.cli.server` ``control-plane``, :mod:`~airuntime.cli.client`
 ``submit``/``drain``, :mod:`~airuntime.cli.run_commands` ``runs ...``,
-:mod:`~airuntime.cli.local` ``up``/``demo``,
+:mod:`~airuntime.cli.local` ``up``/``demo``, :mod:`~airuntime.cli.mcp_server` ``mcp``,
 :mod:`~airuntime.cli.examples`), with what they share in :mod:`~airuntime.cli.common`.
 Deployables that ``airuntime`` must not import (``runtime_pod``, the operator) add
 their commands through the ``airuntime.commands`` entry-point group, so the import
@@ -21,7 +21,17 @@ from typing import Annotated
 
 import typer
 
-from airuntime.cli import client, crds, engine, examples, history, local, run_commands, server
+from airuntime.cli import (
+    client,
+    crds,
+    engine,
+    examples,
+    history,
+    local,
+    mcp_server,
+    run_commands,
+    server,
+)
 from airuntime.cli.common import EXIT_OK, invalid, out
 from airuntime.core.version import installed_version
 
@@ -87,7 +97,17 @@ def _register_broken_plugin(name: str, error: Exception) -> None:
 
 
 def main() -> None:
-    for group in (engine, server, local, client, run_commands, examples, crds, history):
+    for group in (
+        engine,
+        server,
+        local,
+        client,
+        run_commands,
+        examples,
+        crds,
+        history,
+        mcp_server,
+    ):
         group.register(app)
     _load_plugins()
     app()

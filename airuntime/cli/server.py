@@ -54,6 +54,9 @@ def control_plane(
     namespace: Annotated[
         str | None, _setting("namespace", text="Namespace of ScaleOutRequests.")
     ] = None,
+    mcp_enabled: Annotated[
+        bool | None, _setting("mcp_enabled", "--mcp/--no-mcp", text="Serve MCP at /mcp.")
+    ] = None,
     redis_url: Annotated[str | None, _setting("redis_url", "--redis-url")] = None,
 ) -> None:
     """Run the control plane (API, pump, admission, scale-out) on a shared Redis."""

@@ -95,6 +95,9 @@ class _BehaviourFields(BaseModel):
     """Seconds between retention passes (default 60)."""
     reconcile_interval_s: float = Field(default=30.0, gt=0)
     """Seconds between passes of the reconciler over open shared runs (default 30)."""
+    mcp_enabled: bool = True
+    """Serve the MCP server (streamable HTTP) at ``/mcp`` on the API's port, with the
+    API's bearer tokens (default true)."""
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Largest request body the API reads (default 1 MiB = 1048576 bytes; larger: 413).
     Submitting a larger pipeline needs a higher value."""

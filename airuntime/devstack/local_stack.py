@@ -24,7 +24,7 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel, ConfigDict
 
-from airuntime.control_plane.api import create_app
+from airuntime.control_plane.api import close_app, create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.scale_out import LocalScaler, ScaleOutProvider
@@ -110,15 +110,9 @@ async def serve_control_plane(
     if auth is None:
         auth = _development_auth(tenants or [], state)
     stop = _stop_on_signals(stop or asyncio.Event())
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(cp, auth, metrics, history),
-            host=host,
-            port=port,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
+    app = create_app(cp, auth, metrics, history)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
     await cp.start()
     serving = asyncio.create_task(server.serve())
     try:
@@ -131,6 +125,7 @@ async def serve_control_plane(
         server.should_exit = True
         with contextlib.suppress(Exception):
             await serving
+        await close_app(app)
         await cp.stop()
         await history.close()
         if state is not None:

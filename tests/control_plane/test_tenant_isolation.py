@@ -365,9 +365,36 @@ CONSOLE: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/ui/runs/{shared_run_id}/ledger"): _console_run_route("GET", "/ledger"),
     ("POST", "/ui/runs/{shared_run_id}/{action}"): _console_run_route("POST", "/cancel"),
 }
+async def _mcp_call(world: World, headers: dict[str, str], tool: str, **args: Any) -> Any:
+    """One JSON-RPC ``tools/call`` to ``/mcp`` (stateless: no session needed)."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": tool, "arguments": args}}  # fmt: skip
+    mcp_headers = {**headers, "accept": "application/json, text/event-stream"}
+    return await world.call("POST", "/mcp", mcp_headers, body)
+
+
+async def _mcp(world: World) -> None:
+    """The MCP tools as B: A's runs are "not found", lists and the queue hold nothing of
+    A's, A's settings are not found; without a token 401. (tests/mcp covers every tool.)"""
+    for srid in [*world.a_finished, world.a_queued]:
+        for tool in ("get_run", "run_ledger", "cancel_run", "replay_run"):
+            resp = await _mcp_call(world, BOB, tool, shared_run_id=srid)
+            assert resp.status_code == 200, resp.text
+            result = resp.json()["result"]
+            assert result["isError"] is True and "not found" in resp.text, resp.text
+            _assert_clean(world, resp, f"MCP {tool} (B)", frozenset({srid}))
+    for tool, args in (("list_runs", {}), ("queue_status", {}), ("list_instances", {}),
+                       ("get_tenant_settings", {"tenant_id": "tenant-a"})):  # fmt: skip
+        resp = await _mcp_call(world, BOB, tool, **args)
+        assert resp.status_code == 200, resp.text
+        _assert_clean(world, resp, f"MCP {tool} (B)")
+    assert (await _mcp_call(world, NOBODY, "list_runs")).status_code == 401
+    still = (await world.call("GET", f"/v1/runs/{world.a_queued}", ALICE)).json()
+    assert still["status"] == "QueuedGlobally", "B's MCP cancel must not touch A's run"
 
 
 REPLAYED: Final[dict[tuple[str, str], Replay]] = {
+    ("GET", "/mcp"): _mcp,
     ("GET", "/v1/runs/{shared_run_id}"): _get_run,
     ("POST", "/v1/runs/{shared_run_id}/cancel"): _cancel_run,
     ("GET", "/v1/runs/{shared_run_id}/events"): _run_route("GET", "/events"),

@@ -1496,3 +1496,20 @@ def forbidden_lines(text: str) -> list[str]:
 def render_installed(installed: Installed) -> list[Doc]:
     out = installed.run_helm("get", "manifest", RELEASE, "--namespace", NAMESPACE)
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_mcp_is_served_on_the_control_plane_service_by_a_value(
+    render: Callable[[Doc | None], list[Doc]],
+) -> None:
+    for enabled in (True, False):
+        docs = render({"controlPlane": {"mcp": {"enabled": enabled}}})
+        deployment = one(docs, "Deployment", "rel-airuntime-control-plane")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert env_of(container)["AIRUNTIME_MCP_ENABLED"]["value"] == str(enabled).lower()
+        service = one(docs, "Service", "rel-airuntime-control-plane")
+        annotations = service["metadata"].get("annotations") or {}
+        assert annotations.get("airuntime.io/mcp-path") == ("/mcp" if enabled else None)
+        assert [p["port"] for p in service["spec"]["ports"]] == [8780]  # the API's port
+    kept = render({"controlPlane": {"service": {"annotations": {"team": "a"}}}})
+    service = one(kept, "Service", "rel-airuntime-control-plane")
+    assert service["metadata"]["annotations"] == {"team": "a", "airuntime.io/mcp-path": "/mcp"}

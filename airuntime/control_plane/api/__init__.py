@@ -7,10 +7,11 @@ one). Bad requests get a 4xx naming the field, never a 500.
 
 :func:`~airuntime.control_plane.api.app.create_app` wires the routers: ``runs``,
 ``queue``, ``fleet`` (instances and tenant settings) and ``health`` (healthz, readyz,
-metrics); request and response bodies are in
+metrics), and mounts the MCP server at ``/mcp``
+(:mod:`airuntime.control_plane.mcp`); request and response bodies are in
 :mod:`~airuntime.control_plane.api.models`.
 """
 
-from airuntime.control_plane.api.app import create_app
+from airuntime.control_plane.api.app import close_app, create_app
 
-__all__ = ["create_app"]
+__all__ = ["close_app", "create_app"]

@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.control_plane.api import fleet, health, queue, run_reads, run_steer, runs
 from airuntime.control_plane.api.deps import ApiContext
+from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import BodyLimit
 from airuntime.control_plane.console import install as install_console
 from airuntime.control_plane.metrics import ControlPlaneMetrics
@@ -25,6 +26,8 @@ from airuntime.control_plane.service import ControlPlane, ControlPlaneError, Pip
 from airuntime.history.errors import HistoryUnavailable
 from airuntime.history.store import HistoryStore
 
+MCP_PATH: Final = "/mcp"
+"""Where the MCP server answers (streamable HTTP), on the API's port."""
 RETRY_AFTER_S: Final = 5
 """What a 503 asks the caller to wait before trying again, seconds."""
 
@@ -47,6 +50,11 @@ def create_app(
             {"type": "pipeline", "loc": ["body", "pipeline", *loc], "msg": msg}
             for loc, msg in exc.problems
         ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(InvalidField)
+    async def _invalid_field(request: Request, exc: InvalidField) -> JSONResponse:
+        detail = [{"type": "value_error", "loc": ["body", exc.field], "msg": exc.detail}]
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(ControlPlaneError)
@@ -77,4 +85,19 @@ def create_app(
     for module in (health, run_reads, run_steer, runs, queue, fleet):
         app.include_router(module.router)
     install_console(app)  # the web console at /ui: same tokens and roles, a cookie session
+    if control_plane.settings.mcp_enabled:
+        # Imported here: the MCP package imports this package's operations.
+        from airuntime.control_plane.mcp.server import McpEndpoint
+
+        endpoint = McpEndpoint(app.state.airuntime, auth)
+        app.state.mcp = endpoint
+        app.add_route(MCP_PATH, endpoint, include_in_schema=False)  # type: ignore[arg-type]
     return app
+
+
+async def close_app(app: FastAPI) -> None:
+    """Stop what the app started on its own (the MCP endpoint's session manager); the
+    API runs without an ASGI lifespan, so its server calls this when it stops."""
+    endpoint = getattr(app.state, "mcp", None)
+    if endpoint is not None:
+        await endpoint.close()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path
+from fastapi import APIRouter, Path
 
+from airuntime.control_plane.api import operations
 from airuntime.control_plane.api.deps import AUTHENTICATED, Context, Reader, error
 from airuntime.control_plane.api.models import InstanceView
-from airuntime.control_plane.rbac import TENANT_ID_PATTERN, Capability
+from airuntime.control_plane.rbac import TENANT_ID_PATTERN
 from airuntime.fleet.tenancy import TenantSettings
 
 router = APIRouter(prefix="/v1", tags=["fleet"], responses=AUTHENTICATED)
@@ -21,13 +22,7 @@ TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN, description="A tenant 
 async def instances(who: Reader, context: Context) -> list[InstanceView]:
     """The instances the caller's tenant may run on, each with its suspect mark (an
     instance admission skips for a while because deliveries to it failed)."""
-    cp = context.control_plane
-    visible = await cp.registry.list_visible(await cp.registry.tenant(who.tenant_id))
-    marks = await cp.suspects.marks(d.instance_id for d in visible)
-    return [
-        InstanceView.model_validate({**d.model_dump(), "suspect": marks.get(d.instance_id)})
-        for d in visible
-    ]
+    return await operations.instances(context, who)
 
 
 @router.get(
@@ -36,6 +31,4 @@ async def instances(who: Reader, context: Context) -> list[InstanceView]:
     responses={404: error("Not the caller's tenant.")},
 )
 async def tenant_settings(tenant_id: TenantId, who: Reader, context: Context) -> TenantSettings:
-    if tenant_id != who.tenant_id and not who.can(Capability.ADMIN):
-        raise HTTPException(404, f"tenant {tenant_id!r} not found")
-    return await context.control_plane.registry.tenant(tenant_id)
+    return await operations.tenant_settings(context, who, tenant_id)

@@ -14,9 +14,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from airuntime.control_plane.api import operations
 from airuntime.control_plane.api.deps import (
     AUTHENTICATED,
     ApiContext,
@@ -27,18 +28,13 @@ from airuntime.control_plane.api.deps import (
 )
 from airuntime.control_plane.api.run_models import EventsPage, ReportBody, RunsPageBody, TraceBody
 from airuntime.control_plane.api.runs import NOT_FOUND, SharedRunId
-from airuntime.control_plane.run_details import SharedRunView
 from airuntime.control_plane.run_ledger import (
     MAX_LIMIT,
-    BadCursor,
-    LedgerPage,
-    decode_cursor,
     encode_cursor,
 )
 from airuntime.control_plane.run_listing import RunFilter
-from airuntime.control_plane.run_material import ExecutionMaterial, RunMaterial
-from airuntime.control_plane.run_trace import build_report, build_trace
-from airuntime.control_plane.run_views import RunDetails, run_details
+from airuntime.control_plane.run_material import RunMaterial
+from airuntime.control_plane.run_views import RunDetails
 from airuntime.control_plane.shared_runs import SharedRunStatus
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=AUTHENTICATED)
@@ -51,23 +47,6 @@ NO_EXECUTION: Final[Responses] = {
 BAD_CURSOR: Final[Responses] = {
     400: error("The cursor is not one this API made for this run and filter.")
 }
-
-
-async def material(context: ApiContext, shared_run_id: str, tenant_id: str) -> RunMaterial:
-    found = await context.material.load(shared_run_id, tenant_id)
-    if found is None:
-        raise HTTPException(404, f"shared run {shared_run_id!r} not found")
-    return found
-
-
-def _execution(found: RunMaterial) -> ExecutionMaterial:
-    if found.execution is None:
-        raise HTTPException(
-            409,
-            f"shared run {found.run.shared_run_id!r} has no execution yet "
-            f"(status {found.run.status.value})",
-        )
-    return found.execution
 
 
 @router.get("", response_model=RunsPageBody, responses=BAD_CURSOR)
@@ -89,11 +68,7 @@ async def list_runs(
         created_from_ms,
         created_to_ms,
     )
-    try:
-        page = await context.listing.page(query, cursor, limit)
-    except BadCursor as exc:
-        raise HTTPException(400, f"cursor: {exc}") from None
-    return RunsPageBody(runs=[SharedRunView.of(r) for r in page.runs], next_cursor=page.next_cursor)
+    return await operations.list_runs(context, who, query, cursor, limit)
 
 
 @router.get(
@@ -105,17 +80,7 @@ async def list_runs(
 async def get_run(shared_run_id: SharedRunId, who: Reader, context: Context) -> RunDetails:
     """Identities, status, every step's record (status, attempts, output or its payload
     reference, error, worker and instance, timings) and the terminal snapshot."""
-    return run_details(await material(context, shared_run_id, who.tenant_id))
-
-
-def _page_body(execution_id: str | None, page: LedgerPage) -> EventsPage:
-    return EventsPage.model_validate(
-        {
-            "execution_id": execution_id,
-            "events": [e.to_json() for e in page.entries],
-            "next_cursor": page.next_cursor,
-        }
-    )
+    return await operations.get_run(context, who, shared_run_id)
 
 
 @router.get(
@@ -142,25 +107,13 @@ async def events(
     follow: bool = False,
 ) -> Any:
     """The execution's ledger from ``cursor`` on."""
-    found = await material(context, shared_run_id, who.tenant_id)
-    eid = found.execution.execution_id if found.execution else None
-    after = _after(eid, cursor)
+    found = await operations.material(context, shared_run_id, who.tenant_id)
     if follow or "text/event-stream" in request.headers.get("accept", ""):
+        eid = found.execution.execution_id if found.execution else None
+        after = operations.ledger_after(eid, cursor)
         stream = _follow(context, request, found, after, limit)
         return StreamingResponse(stream, media_type="text/event-stream")
-    if eid is None:
-        return EventsPage(execution_id=None, events=[], next_cursor=None)
-    page = await context.ledger.page(eid, found.tenant_id, after, limit)
-    return _page_body(eid, page)
-
-
-def _after(execution_id: str | None, cursor: str | None) -> tuple[int, str] | None:
-    if cursor is None:
-        return None
-    try:
-        return decode_cursor(execution_id or "", cursor)
-    except BadCursor as exc:
-        raise HTTPException(400, f"cursor: {exc}") from None
+    return await operations.events_page(context, found, cursor, limit)
 
 
 def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> str:
@@ -209,10 +162,7 @@ async def _follow(
 async def trace(shared_run_id: SharedRunId, who: Reader, context: Context) -> TraceBody:
     """Per-step timeline (claims, retries, recoveries, ends; worker and instance; input
     waits) and each instance's step-slot waits -- fit for a Gantt view."""
-    found = await material(context, shared_run_id, who.tenant_id)
-    ex = _execution(found)
-    ledger = await context.ledger.all(ex.execution_id, found.tenant_id)
-    return TraceBody.model_validate(build_trace(ex, ledger))
+    return await operations.trace(context, who, shared_run_id)
 
 
 @router.get(
@@ -223,7 +173,4 @@ async def trace(shared_run_id: SharedRunId, who: Reader, context: Context) -> Tr
 async def report(shared_run_id: SharedRunId, who: Reader, context: Context) -> ReportBody:
     """Durations, the critical path through the DAG by durations, retries, recoveries,
     slot waits and the step-slot evidence."""
-    found = await material(context, shared_run_id, who.tenant_id)
-    ex = _execution(found)
-    ledger = await context.ledger.all(ex.execution_id, found.tenant_id)
-    return ReportBody.model_validate(build_report(ex, ledger))
+    return await operations.report(context, who, shared_run_id)
