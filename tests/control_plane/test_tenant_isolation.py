@@ -365,6 +365,8 @@ CONSOLE: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/ui/runs/{shared_run_id}/ledger"): _console_run_route("GET", "/ledger"),
     ("POST", "/ui/runs/{shared_run_id}/{action}"): _console_run_route("POST", "/cancel"),
 }
+
+
 async def _mcp_call(world: World, headers: dict[str, str], tool: str, **args: Any) -> Any:
     """One JSON-RPC ``tools/call`` to ``/mcp`` (stateless: no session needed)."""
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",

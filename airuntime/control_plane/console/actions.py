@@ -26,7 +26,7 @@ from airuntime.control_plane.api.deps import Context
 from airuntime.control_plane.api.models import DrainRequest
 from airuntime.control_plane.api.run_models import InputRequest
 from airuntime.control_plane.api.runs import SharedRunId
-from airuntime.control_plane.console.rendering import error_page, page
+from airuntime.control_plane.console.rendering import REFUSED, page, refused_page
 from airuntime.control_plane.console.session import (
     COOKIE,
     PREFIX,
@@ -146,8 +146,8 @@ async def steer(
         fields = await guarded_form(request, s)
         require(s, NEEDS[action])
         target = await _steer(action, shared_run_id, s, fields)
-    except HTTPException as exc:
-        return error_page(request, s, exc.status_code, exc.detail)
+    except REFUSED as exc:
+        return refused_page(request, s, exc)
     return RedirectResponse(f"{PREFIX}/runs/{target}?done={action.value}", status_code=303)
 
 
@@ -158,8 +158,8 @@ async def drain(request: Request, s: SignedIn) -> Response:
         await guarded_form(request, s)
         require(s, Capability.DRAIN)
         result = await queue.drain(s.who, s.context, DrainRequest())
-    except HTTPException as exc:
-        return error_page(request, s, exc.status_code, exc.detail)
+    except REFUSED as exc:
+        return refused_page(request, s, exc)
     return RedirectResponse(
         f"{PREFIX}/queue?drained={result.dispatched}&failed={result.failed}", status_code=303
     )

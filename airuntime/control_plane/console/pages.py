@@ -17,11 +17,11 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from airuntime.control_plane.api import fleet, run_reads
+from airuntime.control_plane.api import fleet, operations, run_reads
 from airuntime.control_plane.api.runs import SharedRunId
 from airuntime.control_plane.console.charts import gantt_rows
 from airuntime.control_plane.console.layout import Dag, layout, plan_deps
-from airuntime.control_plane.console.rendering import error_page, page
+from airuntime.control_plane.console.rendering import REFUSED, page, refused_page
 from airuntime.control_plane.console.session import PREFIX, Session, SignedIn
 from airuntime.control_plane.rbac import Capability
 from airuntime.control_plane.run_views import RunDetails, run_details
@@ -81,8 +81,8 @@ async def runs_page(
             cursor=cursor,
             limit=RUNS_PAGE,
         )
-    except HTTPException as exc:
-        return error_page(request, s, exc.status_code, exc.detail)
+    except REFUSED as exc:
+        return refused_page(request, s, exc)
     values: dict[str, Any] = {
         "runs": listed.runs,
         "next_cursor": listed.next_cursor,
@@ -97,7 +97,7 @@ async def runs_page(
 
 
 async def _details(s: Session, shared_run_id: str) -> tuple[RunDetails, Dag | None]:
-    found = await run_reads.material(s.context, shared_run_id, s.who.tenant_id)
+    found = await operations.material(s.context, shared_run_id, s.who.tenant_id)
     dag = layout(plan_deps(found.execution.plan)) if found.execution else None
     return run_details(found), dag
 
@@ -113,8 +113,8 @@ async def run_page(
     """One run: its DAG, steps, Gantt and ledger (the last two loaded after the page)."""
     try:
         details, dag = await _details(s, shared_run_id)
-    except HTTPException as exc:
-        return error_page(request, s, exc.status_code, exc.detail)
+    except REFUSED as exc:
+        return refused_page(request, s, exc)
     states = _states(details)
     all_steps = sorted(details.steps or {})
     pages = max(1, -(-len(all_steps) // STEPS_PER_PAGE))
@@ -174,8 +174,8 @@ async def gantt(request: Request, shared_run_id: SharedRunId, s: SignedIn) -> Re
     """The trace as a Gantt chart (an HTML fragment)."""
     try:
         trace = await run_reads.trace(shared_run_id, s.who, s.context)
-    except HTTPException as exc:
-        return error_page(request, s, exc.status_code, exc.detail)
+    except REFUSED as exc:
+        return refused_page(request, s, exc)
     chart = gantt_rows(trace.model_dump(mode="json"), int(time.time() * 1000))
     return page(request, "_gantt.html", s, chart=chart, shared_run_id=shared_run_id)
 
@@ -192,8 +192,8 @@ async def ledger(
         found = await run_reads.events(
             shared_run_id, s.who, s.context, request, cursor=cursor, limit=LEDGER_PAGE
         )
-    except HTTPException as exc:
-        return error_page(request, s, exc.status_code, exc.detail)
+    except REFUSED as exc:
+        return refused_page(request, s, exc)
     body = found.model_dump(mode="json")
     return page(request, "_ledger.html", s, ledger=body, shared_run_id=shared_run_id)
 

@@ -14,11 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from airuntime.control_plane.console.session import PREFIX, Session
+from airuntime.control_plane.service import ControlPlaneError
 
 __all__ = ["STATIC_DIR", "error_page", "page", "templates"]
 
@@ -67,6 +68,20 @@ def page(
     """A full page (or fragment) rendered for the signed-in session ``s``."""
     values.update(request=request, session=s, now_ms=int(time.time() * 1000))
     return templates.TemplateResponse(request, name, values, status_code=status_code)
+
+
+REFUSED: Final = (HTTPException, ControlPlaneError)
+"""What the API's route functions refuse with: FastAPI's own, or the operations' errors
+(each carrying its HTTP status, as the API's exception handlers answer them)."""
+
+
+def refused_page(
+    request: Request, s: Session | None, exc: HTTPException | ControlPlaneError
+) -> HTMLResponse:
+    """The error page of a refused console request, with the API's status and message."""
+    if isinstance(exc, HTTPException):
+        return error_page(request, s, exc.status_code, exc.detail)
+    return error_page(request, s, exc.status, str(exc))
 
 
 def error_page(request: Request, s: Session | None, status: int, detail: Any) -> HTMLResponse:
