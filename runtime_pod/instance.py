@@ -56,7 +56,7 @@ from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings, is_visible
 from runtime_pod.adoption import Adoption
 from runtime_pod.inbox import Inbox
-from runtime_pod.intake import RunRefused, accept_run
+from runtime_pod.intake import RunRefused, accept_run, accept_runs
 from runtime_pod.participation import Participation
 from runtime_pod.step_slots import StepSlotController
 
@@ -237,6 +237,25 @@ class RuntimeInstance:
         self._kick.set()
         self._changed.set()
         return run_id
+
+    async def accept_many(
+        self, requests: list[RunRequest | dict[str, Any]]
+    ) -> list[str | AirError]:
+        """:meth:`accept` for a batch (one delivery carrying N runs): one RunId or one
+        :class:`RunRefused` per request, in order."""
+        answers = await accept_runs(self, requests)
+        out: list[str | AirError] = []
+        for answer in answers:
+            if isinstance(answer, RunRefused):
+                out.append(answer)
+                continue
+            run_id, created = answer
+            if created:
+                self.run_state(run_id, RunStatus.QUEUED)
+            out.append(run_id)
+        self._kick.set()
+        self._changed.set()
+        return out
 
     def may_serve(self, tenant: TenantSettings) -> bool:
         """Whether the tenant may use this instance (same rules as admission)."""

@@ -103,11 +103,34 @@ class RunIndex:
         local queue already holds ``queue_capacity`` runs, :class:`SharedRunConflict`
         when the SharedRunId's run belongs to another tenant.
         """
+        call = self._accept_call(instance_id, request, queue_capacity)
+        reply: Any = await self.scripts.call(self.redis, "acceptRun", *call)
+        return await self._accepted(instance_id, request, queue_capacity, reply)
+
+    async def accept_many(
+        self, instance_id: str, requests: list[RunRequest], *, queue_capacity: int = 2**31
+    ) -> list[tuple[str, bool] | QueueFull | SharedRunConflict]:
+        """:meth:`accept` for a batch delivered to one instance, in one round trip (each
+        run still accepted atomically on its own, in order); one answer per request."""
+        calls = [self._accept_call(instance_id, r, queue_capacity) for r in requests]
+        replies = await self.scripts.call_many(self.redis, "acceptRun", calls)
+        out: list[tuple[str, bool] | QueueFull | SharedRunConflict] = []
+        for request, reply in zip(requests, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            try:
+                out.append(await self._accepted(instance_id, request, queue_capacity, reply))
+            except (QueueFull, SharedRunConflict) as exc:
+                out.append(exc)
+        return out
+
+    @staticmethod
+    def _accept_call(
+        instance_id: str, request: RunRequest, queue_capacity: int
+    ) -> tuple[list[str], list[str | int]]:
         snap = request.snapshot
         candidate = f"run-{uuid.uuid4().hex}"
-        reply: Any = await self.scripts.call(
-            self.redis,
-            "acceptRun",
+        return (
             [
                 keys.shared_run_to_run(request.shared_run_id),
                 keys.run(candidate),
@@ -127,6 +150,11 @@ class RunIndex:
                 queue_capacity,
             ],
         )
+
+    async def _accepted(
+        self, instance_id: str, request: RunRequest, queue_capacity: int, reply: Any
+    ) -> tuple[str, bool]:
+        snap = request.snapshot
         code = int(reply[0])
         if code == 1:
             return _s(reply[1]), True
@@ -305,6 +333,30 @@ class RunIndex:
     async def run_for_shared(self, shared_run_id: str) -> str | None:
         raw = await self.redis.get(keys.shared_run_to_run(shared_run_id))
         return _s(raw) if raw is not None else None
+
+    async def runs_for_shared(self, shared_run_ids: list[str]) -> list[str | None]:
+        """:meth:`run_for_shared` for many SharedRunIds in one call."""
+        if not shared_run_ids:
+            return []
+        raws = await self.redis.mget([keys.shared_run_to_run(i) for i in shared_run_ids])
+        return [_s(r) if r is not None else None for r in raws]
+
+    async def owners(self, run_ids: list[str]) -> list[tuple[str | None, str | None]]:
+        """(status, instance id) of each run (Nones: no record), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(keys.run(run_id), "status", "instance_id")
+        return [
+            (_s(st) if st is not None else None, _s(iid) if iid is not None else None)
+            for st, iid in await pipe.execute()
+        ]
+
+    async def tenants_of(self, run_ids: list[str]) -> list[str | None]:
+        """The tenant of each run (None: no record), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hget(keys.run(run_id), "tenant_id")
+        return [_s(r) if r is not None else None for r in await pipe.execute()]
 
     async def list_for_tenant(self, tenant_id: str, limit: int = 100) -> list[RunRecord]:
         ids = await self.redis.zrevrange(keys.runs_by_tenant(tenant_id), 0, limit - 1)
