@@ -306,7 +306,9 @@ def _result(
 
 
 async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate: float) -> Result:
-    redis = Redis.from_url(url)
+    # Three instances and a control plane share this client; deployed, each is its own
+    # process with its own pool of 100 connections, so the pool here is that large.
+    redis = Redis.from_url(url, max_connections=100 * (INSTANCES + 1))
     await redis.flushdb()
     host, cp = _stack(redis, runs)
     offset = await _clock_offset_ms(redis)

@@ -33,6 +33,8 @@ import contextlib
 import time
 from collections import defaultdict
 
+from redis.exceptions import RedisError
+
 from airuntime.control_plane.admission import Assign, Decision
 from airuntime.control_plane.dispatch import DispatchResult, SharedRunDispatcher
 from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus
@@ -66,20 +68,21 @@ async def dispatch_batch(
     if not items:
         return []
     raws = await d.runs.redis.mget([_key(i.shared_run_id) for i in items])
-    results: list[DispatchResult] = []
+    left: list[DispatchResult] = []
     groups: dict[tuple[str, str | None], list[Claimed]] = defaultdict(list)
     for item, raw in zip(items, raws, strict=True):
         run = SharedRun.model_validate_json(raw) if raw else None
         if run is None or run.status is not SharedRunStatus.QUEUED_GLOBALLY:
-            results.append(await d.leave(item, run))
+            left.append(await d.leave(item, run))  # not a dispatch: not observed
             continue
         groups[(run.snapshot.tenant_id, run.snapshot.tenant_group_id)].append((item, run))
+    results: list[DispatchResult] = []
     for group in groups.values():
         results.extend(await _dispatch_group(d, group, target))
     if d.observer is not None:
         for result in results:
             d.observer(result)
-    return results
+    return left + results
 
 
 def _key(shared_run_id: str) -> str:
@@ -155,6 +158,9 @@ async def _deliver(
         # the runtime did accept is found again by its SharedRunId on redelivery).
         with contextlib.suppress(Exception):
             await _put_back(d, placed, f"dispatch to {instance.instance_id} failed: {exc}")
+        if isinstance(exc, OSError | RedisError):
+            with contextlib.suppress(Exception):
+                await d.suspects.failed(instance.instance_id, f"{type(exc).__name__}: {exc}")
         if isinstance(exc, Exception):
             return [_refused(run, Decision.ASSIGN, str(exc), requeued=True) for _, run, _ in placed]
         raise

@@ -205,7 +205,7 @@ class SharedRunStore:
 
     async def create_queued(self, run: SharedRun) -> None:
         """Persist a new QueuedGlobally run, index it and put its Pending item in the
-        shared queue, in one script (``submitSharedRun-6.lua``)."""
+        shared queue, in one script (``submitSharedRun-5.lua``)."""
         if run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             raise ValueError(f"create_queued needs a QueuedGlobally run, got {run.status}")
         reply = await library().call(
@@ -217,7 +217,6 @@ class SharedRunStore:
                 keys.shared_runs_by_tenant(run.snapshot.tenant_id),
                 keys.shared_runs_open(),
                 keys.squeue_pending(),
-                keys.squeue_claimed(),
             ],
             [
                 keys.squeue_item_prefix(),

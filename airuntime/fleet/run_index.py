@@ -171,6 +171,31 @@ class RunIndex:
             )
         return existing, False
 
+    async def start_many(self, instance_id: str, starts: list[tuple[str, str]]) -> list[bool]:
+        """:meth:`start` of many ``(run_id, execution_id)`` in one round trip (each run
+        started atomically on its own); one answer per run."""
+        replies = await self.scripts.call_many(
+            self.redis, "startRun", [self._start_call(instance_id, r, e) for r, e in starts]
+        )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [int(reply[0]) == 1 for reply in replies]
+
+    @staticmethod
+    def _start_call(
+        instance_id: str, run_id: str, execution_id: str
+    ) -> tuple[list[str], list[str]]:
+        return (
+            [
+                keys.run(run_id),
+                keys.instance_queue(instance_id),
+                keys.runs_in_state(RunStatus.QUEUED),
+                keys.runs_in_state(RunStatus.RUNNING),
+            ],
+            [run_id, instance_id, execution_id],
+        )
+
     async def start(self, instance_id: str, run_id: str, execution_id: str) -> bool:
         """Start ``run_id`` on ``instance_id`` with ``execution_id``; False when it is no
         longer queued there (it only left the queue)."""
@@ -291,33 +316,37 @@ class RunIndex:
     async def queue_length(self, instance_id: str) -> int:
         return int(await self.redis.llen(keys.instance_queue(instance_id)))
 
+    async def queue_head(self, instance_id: str, count: int) -> list[str]:
+        """The first ``count`` runs of ``instance_id``'s queue, left in place."""
+        if count < 1:
+            return []
+        return [
+            _s(r) for r in await self.redis.lrange(keys.instance_queue(instance_id), 0, count - 1)
+        ]
+
     async def head_of_queue(self, instance_id: str) -> str | None:
         """The next run of ``instance_id``'s queue, left in place (:meth:`start` takes it)."""
         raw = await self.redis.lindex(keys.instance_queue(instance_id), 0)
         return _s(raw) if raw is not None else None
 
     async def _load(self, run_id: str) -> tuple[RunRecord, RunRequest] | None:
-        raw = await self.redis.hgetall(keys.run(run_id))
-        if not raw:
-            return None
-        m = {_s(k): _s(v) for k, v in raw.items()}
-        record = RunRecord(
-            run_id=m["run_id"],
-            shared_run_id=m["shared_run_id"],
-            instance_id=m["instance_id"],
-            tenant_id=m["tenant_id"],
-            tenant_group_id=m.get("tenant_group_id") or None,
-            status=RunStatus(m["status"]),
-            execution_id=m.get("execution_id") or None,
-            failure_reason=m.get("failure_reason") or None,
-            created_at_ms=int(m["created_at_ms"]),
-            started_at_ms=int(m["started_at_ms"]) if m.get("started_at_ms") else None,
-            finished_at_ms=int(m["finished_at_ms"]) if m.get("finished_at_ms") else None,
-            snapshot=ExecutionContextSnapshot.model_validate_json(m["snapshot"]),
-            metadata=json.loads(m.get("metadata") or "{}"),
-            step_slots=json.loads(m["step_slots"]) if m.get("step_slots") else None,
-        )
-        return record, RunRequest.model_validate_json(m["request"])
+        return _parse(await self.redis.hgetall(keys.run(run_id)))
+
+    async def load_many(
+        self, run_ids: list[str]
+    ) -> list[tuple[RunRecord, RunRequest] | ValueError | None]:
+        """Record and request of each run (None: gone; the ValueError of a corrupt
+        record), in one round trip; no tenant check (the owning instance)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hgetall(keys.run(run_id))
+        out: list[tuple[RunRecord, RunRequest] | ValueError | None] = []
+        for raw in await pipe.execute():
+            try:
+                out.append(_parse(raw))
+            except ValueError as exc:
+                out.append(exc)
+        return out
 
     async def get_for_tenant(self, run_id: str, tenant_id: str) -> RunRecord | None:
         """The record of ``run_id`` if it belongs to ``tenant_id``; None otherwise."""
@@ -369,3 +398,27 @@ class RunIndex:
 
     async def in_state(self, status: RunStatus, limit: int = 1000) -> list[str]:
         return [_s(r) for r in await self.redis.zrange(keys.runs_in_state(status), 0, limit - 1)]
+
+
+def _parse(raw: dict[Any, Any]) -> tuple[RunRecord, RunRequest] | None:
+    """A run hash as (record, request); None when empty, ValueError when corrupt."""
+    if not raw:
+        return None
+    m = {_s(k): _s(v) for k, v in raw.items()}
+    record = RunRecord(
+        run_id=m["run_id"],
+        shared_run_id=m["shared_run_id"],
+        instance_id=m["instance_id"],
+        tenant_id=m["tenant_id"],
+        tenant_group_id=m.get("tenant_group_id") or None,
+        status=RunStatus(m["status"]),
+        execution_id=m.get("execution_id") or None,
+        failure_reason=m.get("failure_reason") or None,
+        created_at_ms=int(m["created_at_ms"]),
+        started_at_ms=int(m["started_at_ms"]) if m.get("started_at_ms") else None,
+        finished_at_ms=int(m["finished_at_ms"]) if m.get("finished_at_ms") else None,
+        snapshot=ExecutionContextSnapshot.model_validate_json(m["snapshot"]),
+        metadata=json.loads(m.get("metadata") or "{}"),
+        step_slots=json.loads(m["step_slots"]) if m.get("step_slots") else None,
+    )
+    return record, RunRequest.model_validate_json(m["request"])

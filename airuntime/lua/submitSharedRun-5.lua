@@ -11,8 +11,6 @@
     KEYS[3] the tenant's shared runs zset (air:sruns:tenant:<tenant>)
     KEYS[4] open shared runs zset (air:sruns:open)
     KEYS[5] shared queue pending zset
-    KEYS[6] shared queue claimed zset (unused; listed so the script names every key
-            of the queue it writes to)
     ARGV[1] queue item key prefix
     ARGV[2] SharedRunId
     ARGV[3] tenant id
