@@ -97,6 +97,7 @@ class SharedQueuePump:
             if not results:
                 result.stopped = PumpStop.EMPTY
                 break
+            result.results.extend(results)
             for r in results:
                 result.cycles += 1
                 if r.success:
