@@ -1,10 +1,25 @@
 """Shared-queue dispatch: runs/s through the background pump, and submit-to-ExecutionId latency.
 
-Run ``python -m benchmarks.dispatch [--json] [--runs N] [--redis-url URL --flush]``
-from the repository root. Without ``--redis-url`` a private embedded Valkey
+Run ``python -m benchmarks.dispatch [--json] [--runs N] [--sweep N ...] [--quick]
+[--no-celery] [--redis-url URL --flush]`` from the repository root. Without
+``--redis-url`` a private embedded Valkey
 (:class:`airuntime.devstack.embedded.EmbeddedServer`) is started; the database is flushed
-before each scenario. The whole run takes 25-45 s on a 2-core machine (the paced
-scenario alone lasts runs / rate = 10 s by default).
+before each scenario. The paced scenario alone lasts runs / rate = 5 s by default.
+
+Peer, ratios and checks
+-----------------------
+* **Celery** (:mod:`benchmarks.celery_jobs`, skipped by ``--no-celery``): the same
+  number of independent no-op jobs on the same server, ``--submitters`` threads
+  submitting, every result awaited; ``ratios`` = airuntime completed runs/s / Celery
+  jobs/s for ``backlog`` and ``streaming``.
+* ``spread_ratio`` per scenario: runs on the most loaded instance / on the least loaded.
+* ``--sweep 1000 10000 100000``: the backlog scenario at each size; ``ms_per_run`` and
+  its ratio to the smallest size (the target: flat within 15%).
+* ``failures`` lists every missed target (the issue's: backlog 2,000 and streaming 1,500
+  runs/s, 5x Celery, spread 1.3, paced p99 20 ms, sweep flat within 15%).
+  ``--quick`` (CI: 300 runs, backlog + streaming + Celery, no paced run, no sweep) exits
+  1 only when a ratio to Celery is below half its target (2.5) or a spread above twice
+  its target (2.6).
 
 Set-up (one process, everything real except the process boundary)
 -----------------------------------------------------------------
@@ -80,6 +95,9 @@ INSTANCES = 3
 SLOTS = 64
 SNAPSHOT = ExecutionContextSnapshot(tenant_id="default", user_id="bench")
 SCENARIOS = ("backlog", "streaming", "paced")
+_DISPATCHED_OR_ENDED = frozenset(
+    {SharedRunStatus.DISPATCHED, SharedRunStatus.SUCCEEDED, SharedRunStatus.FAILED}
+)
 
 
 def log(msg: str) -> None:
@@ -117,6 +135,8 @@ class Result:
     submit_to_dispatch_ms: dict[str, float]
     dispatch_to_execution_ms: dict[str, float]
     runs_per_instance: dict[str, int]
+    spread_ratio: float
+    """Runs on the most loaded instance / runs on the least loaded one."""
     duration_s: float
     redis_clock_offset_ms: float
     notes: list[str] = field(default_factory=list)
@@ -176,7 +196,8 @@ async def _collect(
     shared = [SharedRun.model_validate_json(raw) for raw in await pipe.execute()]
     pipe = redis.pipeline(transaction=False)
     for run in shared:
-        assert run.status is SharedRunStatus.DISPATCHED and run.run_id, run
+        # Dispatched, or already ended by the runtime's outcome (the outcome reader).
+        assert run.status in _DISPATCHED_OR_ENDED and run.run_id, run
         pipe.hgetall(keys.run(run.run_id))
     records = [{k.decode(): v.decode() for k, v in raw.items()} for raw in await pipe.execute()]
     return list(zip(shared, records, strict=True))
@@ -245,6 +266,11 @@ async def _drive(
     return _Driven(ids, 0.0, submit_rate=round(args.runs / (time.perf_counter() - t0), 1))
 
 
+def _spread(per_instance: dict[str, int]) -> float:
+    counts = [per_instance.get(f"runtime-instance-{i + 1}", 0) for i in range(INSTANCES)]
+    return round(max(counts) / min(counts), 2) if min(counts) else float("inf")
+
+
 def _result(
     scenario: str, rows: list[tuple[SharedRun, dict[str, str]]], driven: _Driven, offset: float
 ) -> Result:
@@ -272,6 +298,7 @@ def _result(
         submit_to_dispatch_ms=_deltas(dispatched, created),
         dispatch_to_execution_ms=_deltas(started, dispatched),
         runs_per_instance=dict(sorted(per_instance.items())),
+        spread_ratio=_spread(per_instance),
         duration_s=round((max(finished) - start_ms) / 1000, 3),
         redis_clock_offset_ms=offset,
         notes=notes,
@@ -279,7 +306,9 @@ def _result(
 
 
 async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate: float) -> Result:
-    redis = Redis.from_url(url)
+    # Three instances and a control plane share this client; deployed, each is its own
+    # process with its own pool of 100 connections, so the pool here is that large.
+    redis = Redis.from_url(url, max_connections=100 * (INSTANCES + 1))
     await redis.flushdb()
     host, cp = _stack(redis, runs)
     offset = await _clock_offset_ms(redis)
@@ -296,25 +325,131 @@ async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate
     return _result(scenario, rows, driven, offset)
 
 
-def main(argv: list[str] | None = None) -> int:
+# The issue's targets, and what --quick fails below (half of each).
+TARGET_BACKLOG_RUNS_PER_S = 2000.0
+TARGET_STREAMING_RUNS_PER_S = 1500.0
+TARGET_CELERY_RATIO = 5.0
+TARGET_SPREAD = 1.3
+TARGET_PACED_P99_MS = 20.0
+QUICK_RUNS = 300
+
+
+@dataclass
+class Report:
+    results: list[Result]
+    celery_jobs_per_s: float | None
+    ratios: dict[str, float]
+    """airuntime completed runs/s / Celery jobs/s, per scenario (backlog, streaming)."""
+    sweep: list[dict[str, float]]
+    """Backlog at each size: runs, completed runs/s, ms per run, ms per run / the smallest's."""
+    failures: list[str]
+
+
+def _ratios(results: list[Result], celery: float | None) -> dict[str, float]:
+    if not celery:
+        return {}
+    return {
+        r.scenario: round(r.completed_runs_per_s / celery, 2)
+        for r in results
+        if r.scenario in ("backlog", "streaming")
+    }
+
+
+def _sweep(url: str, sizes: list[int], submitters: int) -> list[dict[str, float]]:
+    rows: list[dict[str, float]] = []
+    for n in sizes:
+        log(f"dispatch sweep: backlog of {n} runs ...")
+        r = asyncio.run(run_scenario(url, "backlog", n, submitters, 1.0))
+        ms = round(1000 / r.completed_runs_per_s, 3)
+        rows.append({"runs": n, "completed_runs_per_s": r.completed_runs_per_s, "ms_per_run": ms})
+    for row in rows:
+        row["vs_smallest"] = round(row["ms_per_run"] / rows[0]["ms_per_run"], 2)
+    return rows
+
+
+def _failures(report: Report, quick: bool) -> list[str]:
+    """What misses its target (full run: reported), or half of it (--quick: fails)."""
+    scale = 0.5 if quick else 1.0
+    out: list[str] = []
+    for scenario, ratio in report.ratios.items():
+        if ratio < TARGET_CELERY_RATIO * scale:
+            out.append(f"{scenario}: airuntime/celery {ratio} < {TARGET_CELERY_RATIO * scale}")
+    for r in report.results:
+        if r.spread_ratio > TARGET_SPREAD / scale:
+            out.append(f"{r.scenario}: spread {r.spread_ratio} > {round(TARGET_SPREAD / scale, 2)}")
+    if quick:
+        return out
+    for r in report.results:
+        if r.scenario == "paced" and r.submit_to_execution_ms["p99"] > TARGET_PACED_P99_MS:
+            p99 = r.submit_to_execution_ms["p99"]
+            out.append(f"paced: submit->ExecutionId p99 {p99} ms > {TARGET_PACED_P99_MS}")
+        target = {"backlog": TARGET_BACKLOG_RUNS_PER_S, "streaming": TARGET_STREAMING_RUNS_PER_S}
+        if r.scenario in target and r.completed_runs_per_s < target[r.scenario]:
+            out.append(f"{r.scenario}: {r.completed_runs_per_s} runs/s < {target[r.scenario]}")
+    for row in report.sweep:
+        if abs(row["vs_smallest"] - 1) > 0.15:
+            out.append(f"sweep: {row['runs']} runs cost {row['vs_smallest']}x the smallest")
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.dispatch", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--runs", type=int, default=1000, help="shared runs per scenario")
     parser.add_argument("--submitters", type=int, default=4, help="concurrent submit tasks")
-    parser.add_argument("--rate", type=float, default=100.0, help="runs/s of the paced scenario")
+    parser.add_argument("--rate", type=float, default=200.0, help="runs/s of the paced scenario")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
+    parser.add_argument(
+        "--sweep", type=int, nargs="*", default=None, help="backlog sizes (e.g. 1000 10000 100000)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CI: {QUICK_RUNS} runs, backlog + streaming + Celery; exit 1 below half a target",
+    )
     parser.add_argument("--redis-url", help="use this Redis/Valkey (needs --flush)")
     parser.add_argument("--flush", action="store_true", help="allow FLUSHDB of --redis-url")
+    return parser
+
+
+def _print(report: Report) -> None:
+    for r in report.results:
+        lat = r.submit_to_execution_ms
+        print(
+            f"{r.scenario:9s} pump {r.pump_runs_per_s:8.1f} runs/s  "
+            f"completed {r.completed_runs_per_s:8.1f} runs/s  "
+            f"submit->ExecutionId p50 {lat['p50']:.0f} ms p99 {lat['p99']:.0f} ms  "
+            f"spread {r.spread_ratio}  per instance {r.runs_per_instance}"
+        )
+    if report.celery_jobs_per_s is not None:
+        print(f"celery    {report.celery_jobs_per_s:.1f} jobs/s  airuntime/celery {report.ratios}")
+    for row in report.sweep:
+        print(
+            f"sweep     {row['runs']:>7.0f} runs  {row['completed_runs_per_s']:8.1f} runs/s  "
+            f"{row['ms_per_run']:.3f} ms/run  {row['vs_smallest']}x the smallest"
+        )
+    for failure in report.failures:
+        print(f"MISSED    {failure}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.redis_url and not args.flush:
         parser.error("--redis-url: the benchmark flushes the database; pass --flush to allow it")
     if args.runs < 1 or args.submitters < 1 or args.rate <= 0:
         parser.error("--runs and --submitters must be >= 1, --rate > 0")
+    if args.sweep is not None and any(n < 1 for n in args.sweep):
+        parser.error("--sweep: sizes must be >= 1")
+    if args.quick:
+        args.runs, args.scenarios, args.sweep = QUICK_RUNS, ["backlog", "streaming"], None
 
     wall = time.perf_counter()
     results: list[Result] = []
+    celery: float | None = None
     with contextlib.ExitStack() as stack:
         url: str = args.redis_url or stack.enter_context(EmbeddedServer()).url
         for scenario in args.scenarios:
@@ -322,19 +457,20 @@ def main(argv: list[str] | None = None) -> int:
             results.append(
                 asyncio.run(run_scenario(url, scenario, args.runs, args.submitters, args.rate))
             )
+        if not args.no_celery:
+            from benchmarks.celery_jobs import celery_jobs_per_s
+
+            log(f"celery: {args.runs} no-op jobs, each result awaited ...")
+            celery = celery_jobs_per_s(url, args.runs, args.submitters)
+        sweep = _sweep(url, sorted(args.sweep), args.submitters) if args.sweep else []
+    report = Report(results, celery, _ratios(results, celery), sweep, [])
+    report.failures = _failures(report, args.quick)
     if args.json:
-        print(json.dumps([asdict(r) for r in results], indent=2))
+        print(json.dumps(asdict(report), indent=2))
     else:
-        for r in results:
-            lat = r.submit_to_execution_ms
-            print(
-                f"{r.scenario:9s} pump {r.pump_runs_per_s:8.1f} runs/s  "
-                f"completed {r.completed_runs_per_s:8.1f} runs/s  "
-                f"submit->ExecutionId p50 {lat['p50']:.0f} ms p99 {lat['p99']:.0f} ms  "
-                f"per instance {r.runs_per_instance}"
-            )
+        _print(report)
     log(f"wall time {time.perf_counter() - wall:.1f} s")
-    return 0
+    return 1 if args.quick and report.failures else 0
 
 
 if __name__ == "__main__":

@@ -46,10 +46,22 @@ class Adoption:
             return
         live = {d.instance_id for d in await inst.registry.list_all()} | {inst.instance_id}
         for state in (RunStatus.QUEUED, RunStatus.RUNNING):
-            for run_id in await inst.index.in_state(state):
+            ids = await inst.index.in_state(state)
+            # Owner and status first (one round trip): only runs with something to do
+            # here are loaded whole, so a healthy fleet's sweep costs one read per run.
+            for run_id, (status, owner) in zip(ids, await inst.index.owners(ids), strict=True):
+                if status != state.value or not self._concerns(state, run_id, owner, live):
+                    continue
                 loaded = await inst.index.get_unchecked(run_id)
                 if loaded is not None and loaded[0].status is state:
                     await self._reconcile(*loaded, live=live)
+
+    def _concerns(self, state: RunStatus, run_id: str, owner: str | None, live: set[str]) -> bool:
+        """Whether :meth:`_reconcile` could act on the run: an own running run that
+        executes nowhere here, or a run whose owner is gone."""
+        if owner == self.inst.instance_id:
+            return state is RunStatus.RUNNING and not self.inst.participates(run_id)
+        return owner not in live
 
     async def _reconcile(self, record: RunRecord, request: RunRequest, *, live: set[str]) -> None:
         """One queued or running run: resume it if it is ours, adopt it if orphaned."""

@@ -56,7 +56,7 @@ from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings, is_visible
 from runtime_pod.adoption import Adoption
 from runtime_pod.inbox import Inbox
-from runtime_pod.intake import RunRefused, accept_run
+from runtime_pod.intake import RunRefused, accept_run, accept_runs
 from runtime_pod.participation import Participation
 from runtime_pod.step_slots import StepSlotController
 
@@ -238,6 +238,25 @@ class RuntimeInstance:
         self._changed.set()
         return run_id
 
+    async def accept_many(
+        self, requests: list[RunRequest | dict[str, Any]]
+    ) -> list[str | AirError]:
+        """:meth:`accept` for a batch (one delivery carrying N runs): one RunId or one
+        :class:`RunRefused` per request, in order."""
+        answers = await accept_runs(self, requests)
+        out: list[str | AirError] = []
+        for answer in answers:
+            if isinstance(answer, RunRefused):
+                out.append(answer)
+                continue
+            run_id, created = answer
+            if created:
+                self.run_state(run_id, RunStatus.QUEUED)
+            out.append(run_id)
+        self._kick.set()
+        self._changed.set()
+        return out
+
     def may_serve(self, tenant: TenantSettings) -> bool:
         """Whether the tenant may use this instance (same rules as admission)."""
         return is_visible(
@@ -347,42 +366,63 @@ class RuntimeInstance:
         )
 
     async def _start_queued(self) -> None:
-        """Start queued runs while a run slot and a worker are free."""
+        """Start queued runs while a run slot and a worker are free, a batch at a time:
+        the head of the queue in one read, the records in one round trip, the start
+        scripts in one round trip."""
         while self._may_start():
-            run_id = await self.index.head_of_queue(self.instance_id)
-            if run_id is None:
+            room = self.config.max_concurrent_runs - self.running_runs - len(self._starting)
+            ids = await self.index.queue_head(self.instance_id, room)
+            if not ids:
                 return
-            try:
-                loaded = await self.index.get_unchecked(run_id)
-            except ValueError:
-                log.exception("%s: run %s has a corrupt record; dropped", self.instance_id, run_id)
-                await self.index.remove_queued(self.instance_id, run_id)
-                continue
-            if loaded is None or loaded[0].status is not RunStatus.QUEUED:
-                await self.index.remove_queued(self.instance_id, run_id)
-                continue
-            await self._start(*loaded)
+            ready: list[tuple[RunRecord, RunRequest]] = []
+            for run_id, loaded in zip(ids, await self.index.load_many(ids), strict=True):
+                if isinstance(loaded, ValueError):
+                    log.error(
+                        "%s: run %s has a corrupt record (%s); dropped",
+                        self.instance_id,
+                        run_id,
+                        loaded,
+                    )
+                    await self.index.remove_queued(self.instance_id, run_id)
+                elif loaded is None or loaded[0].status is not RunStatus.QUEUED:
+                    await self.index.remove_queued(self.instance_id, run_id)
+                else:
+                    ready.append(loaded)
+            if ready and not await self._start(ready):
+                return
 
-    async def _start(self, record: RunRecord, request: RunRequest) -> None:
-        """Take workers, mark the run running with a new ExecutionId, launch it."""
-        workers = self._effective_workers()
-        if workers == 0:
-            # While the queue was read, adoption or assistance took the free workers: the
-            # run stays queued (a participation's end kicks the controller again).
-            return
-        eid = f"ex-{uuid.uuid4().hex}"
-        self.active_workers += workers
-        self._starting.add(record.run_id)  # adoption must not resume it meanwhile
-        started = False
+    async def _start(self, ready: list[tuple[RunRecord, RunRequest]]) -> bool:
+        """Take workers, mark the runs running with new ExecutionIds, launch them; False
+        when no worker was free for the first one."""
+        plans: list[tuple[RunRecord, RunRequest, int, str]] = []
+        for record, request in ready:
+            workers = self._effective_workers()
+            if workers == 0:
+                # While the queue was read, adoption or assistance took the free workers:
+                # the run stays queued (a participation's end kicks the controller again).
+                break
+            self.active_workers += workers
+            self._starting.add(record.run_id)  # adoption must not resume it meanwhile
+            plans.append((record, request, workers, f"ex-{uuid.uuid4().hex}"))
+        if not plans:
+            return False
         try:
-            started = await self.index.start(self.instance_id, record.run_id, eid)
-        finally:
-            self._starting.discard(record.run_id)
-            if not started:
+            started = await self.index.start_many(
+                self.instance_id, [(r.run_id, eid) for r, _, _, eid in plans]
+            )
+        except BaseException:
+            for record, _, workers, _ in plans:
+                self._starting.discard(record.run_id)
                 self.active_workers -= workers
-        if started:
+            raise
+        for (record, request, workers, eid), ok in zip(plans, started, strict=True):
+            self._starting.discard(record.run_id)
+            if not ok:
+                self.active_workers -= workers
+                continue
             running = record.model_copy(update={"status": RunStatus.RUNNING, "execution_id": eid})
-            self._spawn(running, request, workers, assisting=False)
+            self._spawn(running, request, workers, assisting=False, just_started=True)
+        return True
 
     def _effective_workers(self) -> int:
         return min(
@@ -410,10 +450,19 @@ class RuntimeInstance:
         return True
 
     def _spawn(
-        self, record: RunRecord, request: RunRequest, workers: int, *, assisting: bool
+        self,
+        record: RunRecord,
+        request: RunRequest,
+        workers: int,
+        *,
+        assisting: bool,
+        just_started: bool = False,
     ) -> None:
-        """Run a participation that already holds ``workers``; they return when it ends."""
-        body = Participation(self, record, request, workers, assisting=assisting)
+        """Run a participation that already holds ``workers``; they return when it ends
+        (``just_started``: the controller's start script just made the run running here)."""
+        body = Participation(
+            self, record, request, workers, assisting=assisting, just_started=just_started
+        )
         task = asyncio.create_task(body.run(), name=f"run:{record.run_id}")
         key = f"{record.run_id}:assist" if assisting else record.run_id
         self.participations[key] = _Participation(

@@ -17,10 +17,15 @@ is written:
 
 A SharedRunId delivered again (to this or any instance) returns the RunId it already
 has, whatever the instance's state: acceptance is one script (``acceptRun-5.lua``).
+
+:func:`accept_runs` is the batch form a pump's delivery uses (one call carrying N
+runs): the same checks per run, each tenant's settings read once and each distinct
+pipeline compiled once per batch, and every acceptance script sent in one round trip.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -35,7 +40,7 @@ from airuntime.fleet.tenancy import TenantSettings
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance
 
-__all__ = ["REFUSAL_HTTP_STATUS", "RunRefused", "accept_run", "parse_request"]
+__all__ = ["REFUSAL_HTTP_STATUS", "RunRefused", "accept_run", "accept_runs", "parse_request"]
 
 
 class RunRefused(AirError):
@@ -69,20 +74,8 @@ async def accept_run(inst: RuntimeInstance, raw: RunRequest | dict[str, Any]) ->
     existing = await _existing_run(inst, request)
     if existing is not None:
         return existing, False
-    if inst.stopping:
-        raise RunRefused(
-            f"Runtime instance {inst.instance_id} is shutting down.", reason="stopping"
-        )
-    if inst.paused:
-        raise RunRefused(f"The queue of {inst.instance_id} is paused.", reason="paused")
-    try:
-        compile_pipeline(
-            parse_pipeline(request.pipeline),
-            inst.handlers,
-            allowed_handlers=tenant.allowed_handlers,
-        )
-    except PipelineError as exc:
-        raise RunRefused(f"run request pipeline: {exc}", reason="invalid") from None
+    _check_open(inst)
+    _check_compiles(inst, request, tenant, {})
     try:
         return await inst.index.accept(
             inst.instance_id, request, queue_capacity=inst.config.queue_capacity
@@ -91,6 +84,100 @@ async def accept_run(inst: RuntimeInstance, raw: RunRequest | dict[str, Any]) ->
         raise RunRefused(str(exc), reason="queue_full") from None
     except SharedRunConflict as exc:
         raise RunRefused(str(exc), reason="conflict") from None
+
+
+Accepted = tuple[str, bool] | RunRefused
+"""What :func:`accept_runs` answers per request: (RunId, created), or the refusal."""
+
+
+async def accept_runs(
+    inst: RuntimeInstance, raws: list[RunRequest | dict[str, Any]]
+) -> list[Accepted]:
+    """:func:`accept_run` for a batch: one answer per request, in order."""
+    out: list[Accepted | None] = [None] * len(raws)
+    parsed: list[tuple[int, RunRequest]] = []
+    for i, raw in enumerate(raws):
+        try:
+            parsed.append((i, parse_request(raw)))
+        except RunRefused as exc:
+            out[i] = exc
+    tenants: dict[str, TenantSettings] = {}
+    for _, request in parsed:
+        tid = request.snapshot.tenant_id
+        if tid not in tenants:
+            tenants[tid] = await inst.registry.tenant(tid)
+    existing = await inst.index.runs_for_shared([r.shared_run_id for _, r in parsed])
+    owners = await inst.index.tenants_of([e for e in existing if e is not None])
+    owner_of = dict(zip([e for e in existing if e is not None], owners, strict=True))
+    new: list[tuple[int, RunRequest]] = []
+    compiled: dict[str, RunRefused | None] = {}
+    for (i, request), run_id in zip(parsed, existing, strict=True):
+        tenant = tenants[request.snapshot.tenant_id]
+        try:
+            _check_visible(inst, tenant)
+            if run_id is not None:
+                out[i] = (_same_tenant(request, run_id, owner_of.get(run_id)), False)
+                continue
+            _check_open(inst)
+            _check_compiles(inst, request, tenant, compiled)
+        except RunRefused as exc:
+            out[i] = exc
+            continue
+        new.append((i, request))
+    answers = await inst.index.accept_many(
+        inst.instance_id, [r for _, r in new], queue_capacity=inst.config.queue_capacity
+    )
+    for (i, _), answer in zip(new, answers, strict=True):
+        if isinstance(answer, QueueFull):
+            out[i] = RunRefused(str(answer), reason="queue_full")
+        elif isinstance(answer, SharedRunConflict):
+            out[i] = RunRefused(str(answer), reason="conflict")
+        else:
+            out[i] = answer
+    return [a for a in out if a is not None]
+
+
+def _same_tenant(request: RunRequest, run_id: str, owner: str | None) -> str:
+    if owner is not None and owner != request.snapshot.tenant_id:
+        raise RunRefused(
+            f"SharedRunId {request.shared_run_id} already has a run of another tenant; "
+            f"refused for tenant {request.snapshot.tenant_id}.",
+            reason="conflict",
+        )
+    return run_id
+
+
+def _check_open(inst: RuntimeInstance) -> None:
+    if inst.stopping:
+        raise RunRefused(
+            f"Runtime instance {inst.instance_id} is shutting down.", reason="stopping"
+        )
+    if inst.paused:
+        raise RunRefused(f"The queue of {inst.instance_id} is paused.", reason="paused")
+
+
+def _check_compiles(
+    inst: RuntimeInstance,
+    request: RunRequest,
+    tenant: TenantSettings,
+    seen: dict[str, RunRefused | None],
+) -> None:
+    """Refuse a pipeline that does not compile for the tenant; ``seen`` remembers the
+    verdict per (tenant, pipeline document) within one batch."""
+    key = tenant.tenant_id + "\0" + json.dumps(request.pipeline, sort_keys=True, default=str)
+    if key not in seen:
+        try:
+            compile_pipeline(
+                parse_pipeline(request.pipeline),
+                inst.handlers,
+                allowed_handlers=tenant.allowed_handlers,
+            )
+            seen[key] = None
+        except PipelineError as exc:
+            seen[key] = RunRefused(f"run request pipeline: {exc}", reason="invalid")
+    refusal = seen[key]
+    if refusal is not None:
+        raise RunRefused(str(refusal), reason=refusal.reason)
 
 
 def _check_visible(inst: RuntimeInstance, tenant: TenantSettings) -> None:

@@ -61,8 +61,12 @@ class Participation:
         workers: int,
         *,
         assisting: bool,
+        just_started: bool = False,
     ) -> None:
         self.inst = instance
+        self.just_started = just_started
+        """The controller's start script made the run running here a moment ago: no
+        stale read to guard against (:meth:`_still_ours`)."""
         self.record = record
         self.request = request
         self.workers = workers
@@ -84,7 +88,7 @@ class Participation:
     # -- owner ---------------------------------------------------------------------
 
     async def _own(self) -> None:
-        if not await self._still_ours():
+        if not self.just_started and not await self._still_ours():
             return
         plan = await self._plan()
         if plan is None:

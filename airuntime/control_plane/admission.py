@@ -28,6 +28,13 @@ instance publishes retires it. A run takes ``min(workers per run,
 available workers)`` of the instance's workers when it starts, and so does its
 reservation: admission never promises more workers than are free, as it never
 promises more run slots.
+
+A pump's batch (:meth:`Admission.admit_many`) is admitted at once for runs of one
+tenant context: the runs are **placed by free capacity** (:func:`plan_placement`:
+each run goes to the candidate with the most run slots left after the runs already
+placed in the batch, ties rotating, so identical instances get equal shares) and
+each instance's share is reserved by one ``reserveSlot`` call carrying a count, all
+instances' calls in one round trip.
 """
 
 from __future__ import annotations
@@ -109,6 +116,38 @@ def workers_per_run(d: InstanceDescriptor) -> int:
     return max(1, min(c.worker_count, c.max_local_workers_per_execution))
 
 
+def room(d: InstanceDescriptor) -> int:
+    """Runs the instance can take now: free run slots, bounded by its free workers."""
+    return min(free_run_slots(d), free_workers(d) // workers_per_run(d))
+
+
+def plan_placement(
+    groups: list[list[InstanceDescriptor]], count: int, rotation: int = 0
+) -> dict[str, int]:
+    """How many of ``count`` runs go to each instance. ``groups`` are candidates in
+    preference order (own instances before shared fallback): a later group only gets
+    the runs every earlier one has no room for. Within a group one run at a time goes
+    to the instance with the most room left after the runs already placed; ties go
+    round the group starting at ``rotation``, so identical instances take turns."""
+    plan: dict[str, int] = {}
+    remaining = count
+    for group in groups:
+        left = {d.instance_id: room(d) for d in group}
+        n = len(group)
+        while remaining > 0:
+            best = min(
+                (d for d in group if left[d.instance_id] > 0),
+                key=lambda d: (-left[d.instance_id], (group.index(d) - rotation) % n),
+                default=None,
+            )
+            if best is None:
+                break
+            left[best.instance_id] -= 1
+            plan[best.instance_id] = plan.get(best.instance_id, 0) + 1
+            remaining -= 1
+    return plan
+
+
 class Admission:
     """Tenant-aware admission over the registry, with atomic slot reservations."""
 
@@ -129,6 +168,7 @@ class Admission:
         self.reservation_grace_ms = reservation_grace_ms
         self.scripts = scripts or library()
         self.suspects = suspects or SuspectMarks(redis, scripts=self.scripts)
+        self._rotation = 0
 
     async def admit(self, *, target: str | None = None) -> AdmissionResult:
         """Decide for the run whose snapshot is the current context.
@@ -136,16 +176,7 @@ class Admission:
         ``target`` restricts the choice to one instance (tests that need a
         pump-local dispatch inject it explicitly; the pump's own identity never is one).
         """
-        ctx = current_context()
-        tenant_id = ctx.tenant_id if ctx is not None else DEFAULT_TENANT
-        tenant = await self.registry.tenant(tenant_id)
-        if ctx is not None and ctx.tenant_group_id and tenant.tenant_group_id is None:
-            tenant = tenant.model_copy(update={"tenant_group_id": ctx.tenant_group_id})
-        visible = [
-            d for d in await self.registry.list_visible(tenant) if d.status is InstanceStatus.READY
-        ]
-        if target is not None:
-            visible = [d for d in visible if d.instance_id == target]
+        tenant, visible = await self._visible(target)
         candidates = [d for d in self._ordered(visible, tenant) if free_run_slots(d) > 0]
         if candidates:
             reservation = await self._reserve_first(candidates)
@@ -170,6 +201,77 @@ class Admission:
                 f"tenant {tenant.tenant_id} has max_instances 0 and no visible runtime",
             )
         return NotAssigned(Decision.QUEUE, tenant, "no visible runtime can accept the run now")
+
+    async def _visible(self, target: str | None) -> tuple[TenantSettings, list[InstanceDescriptor]]:
+        """The current context's tenant and the ready instances it may use (``target``:
+        only that one)."""
+        ctx = current_context()
+        tenant_id = ctx.tenant_id if ctx is not None else DEFAULT_TENANT
+        tenant = await self.registry.tenant(tenant_id)
+        if ctx is not None and ctx.tenant_group_id and tenant.tenant_group_id is None:
+            tenant = tenant.model_copy(update={"tenant_group_id": ctx.tenant_group_id})
+        visible = [
+            d for d in await self.registry.list_visible(tenant) if d.status is InstanceStatus.READY
+        ]
+        if target is not None:
+            visible = [d for d in visible if d.instance_id == target]
+        return tenant, visible
+
+    async def admit_many(self, count: int, *, target: str | None = None) -> list[Assign]:
+        """Place and reserve up to ``count`` runs of the current context (a pump's batch),
+        spread by free capacity (:func:`plan_placement`). Fewer (maybe none) when the
+        visible instances have no more room; the caller decides for the rest with
+        :meth:`admit` (scale-out, queue, reject)."""
+        tenant, visible = await self._visible(target)
+        ordered = [d for d in self._ordered(visible, tenant) if room(d) > 0]
+        if not ordered or count < 1:
+            return []
+        ids = [d.instance_id for d in ordered]
+        (suspect, failing), ages = await self.suspects.state(ids), await self._ages(ordered)
+        usable = [d for d in ordered if d.instance_id not in suspect]
+        prefer_own = tenant.prefer_dedicated or tenant.isolation_mode is not IsolationMode.SHARED
+        groups = [
+            [d for d in usable if (d.isolation_mode is not IsolationMode.SHARED) == own]
+            for own in (prefer_own, not prefer_own)
+        ]
+        self._rotation = (self._rotation + 1) % 1_000_003
+        plan = plan_placement([g for g in groups if g], count, self._rotation)
+        by_id = {d.instance_id: d for d in usable}
+        shares = [(by_id[i], n) for i, n in plan.items()]
+        replies = await self.scripts.call_many(
+            self.redis,
+            "reserveSlot",
+            [self._reserve_call(d, ages.get(d.instance_id, -1), n) for d, n in shares],
+        )
+        assigned: list[Assign] = []
+        for (d, _), reply in zip(shares, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            if int(reply[0]) != 1:
+                continue
+            for raw in reply[2:]:
+                member = raw.decode() if isinstance(raw, bytes) else str(raw)
+                workers = int(member.rsplit("|", 1)[1])
+                had = d.instance_id in failing
+                reservation = Reservation(d.instance_id, member, workers, had)
+                assigned.append(Assign(tenant, d, reservation))
+        return assigned
+
+    def _reserve_call(
+        self, d: InstanceDescriptor, age_ms: int, count: int | None = None
+    ) -> tuple[list[str], list[str | int]]:
+        args: list[str | int] = [
+            uuid.uuid4().hex,
+            free_run_slots(d),
+            age_ms,
+            self.reservation_ttl_ms,
+            self.reservation_grace_ms,
+            free_workers(d),
+            workers_per_run(d),
+        ]
+        if count is not None:
+            args.append(count)
+        return [keys.reservations(d.instance_id)], args
 
     @staticmethod
     def _ordered(
@@ -224,18 +326,7 @@ class Admission:
 
     async def _reserve(self, d: InstanceDescriptor, age_ms: int) -> Reservation | None:
         reply: Any = await self.scripts.call(
-            self.redis,
-            "reserveSlot",
-            [keys.reservations(d.instance_id)],
-            [
-                uuid.uuid4().hex,
-                free_run_slots(d),
-                age_ms,
-                self.reservation_ttl_ms,
-                self.reservation_grace_ms,
-                free_workers(d),
-                workers_per_run(d),
-            ],
+            self.redis, "reserveSlot", *self._reserve_call(d, age_ms)
         )
         if int(reply[0]) != 1:
             return None
@@ -250,6 +341,17 @@ class Admission:
             "confirmReservation",
             [keys.reservations(reservation.instance_id)],
             [reservation.reservation_id, self.reservation_grace_ms],
+        )
+
+    async def confirm_many(self, reservations: list[Reservation]) -> None:
+        """:meth:`confirm` for a batch, in one round trip."""
+        await self.scripts.call_many(
+            self.redis,
+            "confirmReservation",
+            [
+                ([keys.reservations(r.instance_id)], [r.reservation_id, self.reservation_grace_ms])
+                for r in reservations
+            ],
         )
 
     async def release(self, reservation: Reservation) -> None:

@@ -166,25 +166,29 @@ class SharedRunDispatcher:
     async def _handle(self, item: ClaimedItem, target: str | None) -> DispatchResult:
         run = await self.runs.get(item.shared_run_id)
         if run is None or run.status is not SharedRunStatus.QUEUED_GLOBALLY:
-            # Cancelled (or ended, or gone) while its item waited: it leaves the queue.
-            # A run that already ran (a pump died after delivering it and the runtime's
-            # outcome ended it) leaves as Dispatched: it was, once, and never again.
-            what = "missing" if run is None else run.status.value
-            ran = run is not None and run.run_id is not None and run.status.terminal
-            status = QueueItemStatus.DISPATCHED if ran else QueueItemStatus.CANCELLED
-            await self.queue.settle(item, status, f"shared run {what}")
-            return DispatchResult(False, shared_run_id=item.shared_run_id, reason=what)
+            return await self.leave(item, run)
         with use_context(run.snapshot):
-            result = await self._dispatch(item, run, target)
+            result = await self.decide(item, run, target)
         if self.observer is not None:
             self.observer(result)
         return result
 
+    async def leave(self, item: ClaimedItem, run: SharedRun | None) -> DispatchResult:
+        """A claimed item whose run is no longer QueuedGlobally leaves the queue."""
+        # Cancelled (or ended, or gone) while its item waited: it leaves the queue.
+        # A run that already ran (a pump died after delivering it and the runtime's
+        # outcome ended it) leaves as Dispatched: it was, once, and never again.
+        what = "missing" if run is None else run.status.value
+        ran = run is not None and run.run_id is not None and run.status.terminal
+        status = QueueItemStatus.DISPATCHED if ran else QueueItemStatus.CANCELLED
+        await self.queue.settle(item, status, f"shared run {what}")
+        return DispatchResult(False, shared_run_id=item.shared_run_id, reason=what)
+
     # -- admission decides --------------------------------------------------------------
 
-    async def _dispatch(
-        self, item: ClaimedItem, run: SharedRun, target: str | None
-    ) -> DispatchResult:
+    async def decide(self, item: ClaimedItem, run: SharedRun, target: str | None) -> DispatchResult:
+        """Admit one claimed run (its snapshot is the current context) and act on the
+        decision: deliver, request scale-out, park as rejected, or wait in the queue."""
         try:
             admitted = await self.admission.admit(target=target)
         except Exception as exc:
@@ -304,19 +308,14 @@ class SharedRunDispatcher:
         if not settled and await self.queue.status(run.shared_run_id) is (
             QueueItemStatus.CANCELLED
         ):
-            return await self._cancelled_in_flight(run, admitted, run_id)
+            return await self.cancelled_in_flight(run, admitted, run_id)
         now = int(time.time() * 1000)
         # From QueuedGlobally only: the runtime's outcome may have ended the run already.
         await self.runs.transition(
             run.shared_run_id,
             SharedRunStatus.DISPATCHED,
             expect=_QUEUED,
-            assigned_instance_id=instance_id,
-            run_id=run_id,
-            pump_runtime_instance_id=self.identity.runtime_instance_id,
-            pump_worker_id=self.identity.worker_id,
-            dispatched_at_ms=now,
-            reason=None,
+            **self.dispatched_changes(instance_id, run_id, now),
         )
         if not settled:
             log.warning(
@@ -334,7 +333,18 @@ class SharedRunDispatcher:
             latency_s=max(0.0, (now - run.created_at_ms) / 1000),
         )
 
-    async def _cancelled_in_flight(
+    def dispatched_changes(self, instance_id: str, run_id: str, now_ms: int) -> dict[str, Any]:
+        """What a shared run records when its runtime accepted it."""
+        return {
+            "assigned_instance_id": instance_id,
+            "run_id": run_id,
+            "pump_runtime_instance_id": self.identity.runtime_instance_id,
+            "pump_worker_id": self.identity.worker_id,
+            "dispatched_at_ms": now_ms,
+            "reason": None,
+        }
+
+    async def cancelled_in_flight(
         self, run: SharedRun, admitted: Assign, run_id: str
     ) -> DispatchResult:
         """Cancelled while this pump held the claim, after the runtime accepted: cancel

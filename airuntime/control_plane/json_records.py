@@ -57,6 +57,44 @@ async def update_record(
                 continue
 
 
+async def update_records(
+    redis: Redis,
+    keys: list[str],
+    model: type[M],
+    change: Callable[[int, M], M | None],
+    also: Callable[[Any, M, M], None] | None = None,
+) -> list[tuple[M, M] | None]:
+    """:func:`update_record` for many keys in one transaction (a pump's batch):
+    ``change(i, record)`` for the record at ``keys[i]``; one ``(before, after)`` or None
+    (missing, or ``change`` returned None: nothing written for it) per key. A conflict on
+    any key retries the whole batch, so every change still sees the record as it is when
+    the write lands."""
+    if not keys:
+        return []
+    while True:
+        async with redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(*keys)
+                raws = await pipe.mget(keys)
+                out: list[tuple[M, M] | None] = []
+                for i, raw in enumerate(raws):
+                    before = model.model_validate_json(raw) if raw is not None else None
+                    after = change(i, before) if before is not None else None
+                    out.append(
+                        (before, after) if before is not None and after is not None else None
+                    )
+                pipe.multi()  # type: ignore[no-untyped-call]
+                for key, pair in zip(keys, out, strict=True):
+                    if pair is not None:
+                        pipe.set(key, pair[1].model_dump_json())
+                        if also is not None:
+                            also(pipe, pair[0], pair[1])
+                await pipe.execute()
+                return out
+            except WatchError:
+                continue
+
+
 async def read_record(redis: Redis, key: str, model: type[M]) -> M | None:
     raw = await redis.get(key)
     return model.model_validate_json(raw) if raw else None

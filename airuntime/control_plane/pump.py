@@ -3,7 +3,9 @@
 :class:`SharedQueuePump` runs cycles of the
 :class:`~airuntime.control_plane.dispatch.SharedRunDispatcher` until ``max_count``
 cycles ran, no Pending item is left, a cycle failed while the options ask to stop
-at a failure, or it is cancelled. :class:`BackgroundPump` does that continuously once
+at a failure, or it is cancelled (the manual drain: one run per cycle, each result in
+order). :class:`BackgroundPump` pumps continuously, in batch cycles
+(:func:`~airuntime.control_plane.batch_dispatch.dispatch_batch`), once
 its readiness gate passed (a registered runtime is ready to accept a run); it runs as
 a supervised loop, reporting ``ok`` after every gate poll and every batch, so a Redis
 that goes away restarts it (gate included) instead of ending it.
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.batch_dispatch import dispatch_batch
 from airuntime.control_plane.dispatch import DispatchResult, SharedRunDispatcher
 from airuntime.core.supervision import LoopContext
 from airuntime.fleet.registry import InstanceStatus, Registry
@@ -79,17 +82,52 @@ class SharedQueuePump:
                 break
         return result
 
+    async def pump_batches(self, max_runs: int = 1000, batch: int = 64) -> PumpResult:
+        """Pump batch cycles of up to ``batch`` runs until ``max_runs`` runs were tried or
+        nothing is left to claim; a tenant whose run had to wait in the queue is skipped
+        for the rest of the call."""
+        result = PumpResult()
+        no_capacity: set[str] = set()
+        while result.cycles < max_runs:
+            results = await dispatch_batch(
+                self.dispatcher,
+                min(batch, max_runs - result.cycles),
+                skip_tenants=frozenset(no_capacity),
+            )
+            if not results:
+                result.stopped = PumpStop.EMPTY
+                break
+            result.results.extend(results)
+            for r in results:
+                result.cycles += 1
+                if r.success:
+                    result.dispatched += 1
+                    continue
+                result.failed += 1
+                if r.requeued and r.tenant_id:
+                    no_capacity.add(r.tenant_id)
+        return result
+
 
 class BackgroundPump:
     """Pumps continuously once the readiness gate passed (a ready runtime is visible)."""
 
     def __init__(
-        self, pump: SharedQueuePump, registry: Registry, *, idle_s: float = 0.05, batch: int = 100
+        self,
+        pump: SharedQueuePump,
+        registry: Registry,
+        *,
+        idle_s: float = 0.05,
+        batch: int = 100,
+        claim_batch: int = 64,
     ) -> None:
         self.pump = pump
         self.registry = registry
         self.idle_s = idle_s
         self.batch = batch
+        """Most runs tried per round (then ``ok`` is reported)."""
+        self.claim_batch = claim_batch
+        """Most runs claimed, admitted and delivered together in one cycle."""
         self.ready = asyncio.Event()
         self.wake = asyncio.Event()
 
@@ -107,9 +145,12 @@ class BackgroundPump:
     async def run(self, ctx: LoopContext) -> None:
         await self.wait_ready(ctx)
         while True:
-            result = await self.pump.pump_once(self.batch)
+            result = await self.pump.pump_batches(self.batch, self.claim_batch)
             ctx.ok()
-            if result.dispatched == 0:
+            if result.dispatched == 0 or result.failed > 0:
+                # Nothing moved, or some runs found no room: capacity changes when runs
+                # start and end, so wait for a submit or the idle period instead of
+                # claiming the same items again at once.
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.idle_s)

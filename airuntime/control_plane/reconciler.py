@@ -15,6 +15,10 @@ loop) the reconciler walks the open shared runs (``air:sruns:open``) and:
 * puts back into the shared queue a QueuedGlobally run that has no queue item waiting
   (its requeue was interrupted), once it has been quiet for ``stale_after_ms``;
 * drops index entries of runs whose record is gone.
+
+A QueuedGlobally run without a RunId is looked at only once it has been quiet for
+``stale_after_ms`` (its runtime side included), so a backlog of freshly queued runs
+costs the pass no reads per run.
 """
 
 from __future__ import annotations
@@ -81,6 +85,11 @@ class Reconciler:
 
     async def _reconcile(self, run: SharedRun) -> int:
         if run.status not in (SharedRunStatus.QUEUED_GLOBALLY, SharedRunStatus.DISPATCHED):
+            return 0
+        if run.run_id is None and not self._quiet(run):
+            # Queued and recently changed: a pump or the outcome reader is at work on it
+            # (everything below waits for quiet, or is the outcome reader's first), so a
+            # backlog of fresh runs costs no reads per pass.
             return 0
         run_id = run.run_id or await self.run_index.run_for_shared(run.shared_run_id)
         if run_id is None:

@@ -288,7 +288,7 @@ class ControlPlane:
         now = int(time.time() * 1000)
         run = SharedRun(
             shared_run_id=SharedRunStore.new_id(),
-            status=SharedRunStatus.SUBMITTED,
+            status=SharedRunStatus.QUEUED_GLOBALLY,
             pipeline_id=spec.id,
             pipeline=pipeline,
             inputs=inputs or {},
@@ -298,17 +298,14 @@ class ControlPlane:
             updated_at_ms=now,
             replay_of=replay_of,
         )
-        await self.runs.create(run)
-        queued = await self.runs.transition(run.shared_run_id, SharedRunStatus.QUEUED_GLOBALLY)
-        if not queued.moved:
-            return queued.run  # cancelled before it was queued: it stays cancelled
-        await self.queue.enqueue(run.shared_run_id, snapshot.tenant_id)
+        # Record, indexes and queue item in one script: no cancel can land in between.
+        await self.runs.create_queued(run)
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.
             await self.dispatcher.dispatch_run(run.shared_run_id)
-        else:
-            self.background.wake.set()
-        return await self.runs.require(run.shared_run_id)
+            return await self.runs.require(run.shared_run_id)
+        self.background.wake.set()
+        return run
 
     async def _visible(self, shared_run_id: str, tenant_id: str | None) -> SharedRun | None:
         """The run, if ``tenant_id`` may see it (None: no tenant scope, internal callers)."""

@@ -1,7 +1,8 @@
 """The control plane's global queue of shared runs, kept in Redis by Lua scripts.
 
 Every submitted run gets one queue *item*. Pumps claim the oldest Pending item
-(``claimSharedRun-2.lua``, or one given item: ``claimSharedRunById-2.lua``) under a
+(``claimSharedRun-2.lua``; a batch of them: ``claimSharedRuns-2.lua``; one given
+item: ``claimSharedRunById-2.lua``) under a
 claim lease, dispatch it, and settle it (``settleSharedRun-2.lua``): Dispatched only
 after the runtime accepted, else back to Pending in its original place, or parked
 (ScaleOutRequested / Rejected / Cancelled). ``cancelSharedRun-2.lua`` takes an item
@@ -85,6 +86,8 @@ class ClaimedItem:
 
     shared_run_id: str
     token: str
+    tenant_id: str = ""
+    """The tenant the item was queued for (batch claims report it)."""
 
 
 class SharedQueue:
@@ -119,6 +122,28 @@ class SharedQueue:
         )
         return self._claimed(reply)
 
+    async def claim_batch(
+        self, claimer: str, count: int, skip_tenants: frozenset[str] = frozenset()
+    ) -> list[ClaimedItem]:
+        """Up to ``count`` of the oldest Pending items not belonging to ``skip_tenants``,
+        in queue order, claimed for ``claimer`` in one call."""
+        reply: Any = await self.scripts.call(
+            self.redis,
+            "claimSharedRuns",
+            self._keys,
+            [
+                keys.squeue_item_prefix(),
+                claimer,
+                self.claim_lease_ms,
+                max(1, count),
+                *sorted(skip_tenants),
+            ],
+        )
+        if recovered := int(reply[0]):
+            log.warning("%d expired claims went back to Pending (a pump died mid-cycle)", recovered)
+        rest = [_s(v) for v in reply[1:]]
+        return [ClaimedItem(*rest[i : i + 3]) for i in range(0, len(rest), 3)]
+
     async def claim(self, claimer: str, shared_run_id: str) -> ClaimedItem | None:
         """Claim one specific Pending item (DirectDispatch)."""
         reply: Any = await self.scripts.call(
@@ -149,6 +174,43 @@ class SharedQueue:
             [keys.squeue_item_prefix(), item.shared_run_id, item.token, outcome, detail],
         )
         return int(reply) == 1
+
+    async def release_many(self, items: list[ClaimedItem], detail: str) -> list[bool]:
+        """Give claimed items that were never tried back to Pending, in their places (a
+        pump's batch claimed more than it could try); their failure counts stay."""
+        return await self.settle_many(
+            [(item, QueueItemStatus.PENDING, detail) for item in items], tried=False
+        )
+
+    async def settle_many(
+        self, settlements: list[tuple[ClaimedItem, QueueItemStatus, str]], *, tried: bool = True
+    ) -> list[bool]:
+        """:meth:`settle` for many items in one round trip; one answer per item."""
+        for _, outcome, _ in settlements:
+            if outcome not in QUEUE_ITEM_TRANSITIONS[QueueItemStatus.CLAIMED]:
+                raise ValueError(f"a claimed item cannot be settled as {outcome!r}")
+        replies = await self.scripts.call_many(
+            self.redis,
+            "settleSharedRun",
+            [
+                (
+                    self._keys,
+                    [
+                        keys.squeue_item_prefix(),
+                        item.shared_run_id,
+                        item.token,
+                        outcome,
+                        detail,
+                        "1" if tried else "0",
+                    ],
+                )
+                for item, outcome, detail in settlements
+            ],
+        )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [int(r) == 1 for r in replies]
 
     async def cancel(self, shared_run_id: str) -> int:
         """1 cancelled, 0 already Dispatched (cancel the runtime run instead), -2 no item."""

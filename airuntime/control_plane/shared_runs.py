@@ -14,6 +14,8 @@ Keys: ``air:srun:<SharedRunId>`` (the record, JSON), ``air:sruns`` zset (all, by
 creation), ``air:sruns:tenant:<t>`` zset, ``air:sruns:open`` zset (not terminal: the
 reconciler's work list) and ``air:sruns:finished`` zset (terminal, by finish time:
 retention's work list); the indexes change in the same transaction as the record.
+A submitted run is created QueuedGlobally together with its shared-queue item in one
+script (:meth:`SharedRunStore.create_queued`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
-from airuntime.control_plane.json_records import update_record
+from airuntime.control_plane.json_records import update_record, update_records
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.scripts import library
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,33 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _moved(
+    run: SharedRun,
+    status: SharedRunStatus,
+    expect: frozenset[SharedRunStatus] | None,
+    changes: dict[str, Any],
+) -> SharedRun | None:
+    """``run`` moved to ``status`` with ``changes``; None when the table (or ``expect``)
+    does not allow the move from its current status."""
+    if not run.status.can_become(status) or (expect is not None and run.status not in expect):
+        return None
+    now = _now()
+    extra: dict[str, Any] = {"status": status, "updated_at_ms": now}
+    if status.terminal and run.finished_at_ms is None:
+        extra["finished_at_ms"] = now
+    return run.model_copy(update={**changes, **extra})
+
+
+def _index_terminal(pipe: Any, before: SharedRun, after: SharedRun) -> None:
+    """Index upkeep in the same transaction: a terminal run leaves the open index for
+    the finished one and the archive outbox."""
+    if after.status.terminal:
+        pipe.zrem(keys.shared_runs_open(), after.shared_run_id)
+        finished = {after.shared_run_id: after.finished_at_ms or after.updated_at_ms}
+        pipe.zadd(keys.shared_runs_finished(), finished)
+        pipe.zadd(keys.shared_run_archive_outbox(), finished, nx=True)
+
+
 class SharedRunStore:
     """Shared run records (one JSON document per run; tenant, open and finished indexes)."""
 
@@ -172,6 +202,32 @@ class SharedRunStore:
         )
         pipe.zadd(keys.shared_runs_open(), {run.shared_run_id: run.created_at_ms})
         await pipe.execute()
+
+    async def create_queued(self, run: SharedRun) -> None:
+        """Persist a new QueuedGlobally run, index it and put its Pending item in the
+        shared queue, in one script (``submitSharedRun-5.lua``)."""
+        if run.status is not SharedRunStatus.QUEUED_GLOBALLY:
+            raise ValueError(f"create_queued needs a QueuedGlobally run, got {run.status}")
+        reply = await library().call(
+            self.redis,
+            "submitSharedRun",
+            [
+                keys.shared_run(run.shared_run_id),
+                keys.shared_runs(),
+                keys.shared_runs_by_tenant(run.snapshot.tenant_id),
+                keys.shared_runs_open(),
+                keys.squeue_pending(),
+            ],
+            [
+                keys.squeue_item_prefix(),
+                run.shared_run_id,
+                run.snapshot.tenant_id,
+                run.model_dump_json(),
+                run.created_at_ms,
+            ],
+        )
+        if int(reply) != 1:
+            raise ValueError(f"shared run {run.shared_run_id} exists already")
 
     async def get(self, shared_run_id: str) -> SharedRun | None:
         raw = await self.redis.get(keys.shared_run(shared_run_id))
@@ -227,25 +283,13 @@ class SharedRunStore:
 
         def apply(run: SharedRun) -> SharedRun | None:
             refused.clear()
-            allowed = run.status.can_become(status) and (expect is None or run.status in expect)
-            if not allowed:
+            moved = _moved(run, status, expect, changes)
+            if moved is None:
                 refused.append(run)
-                return None
-            now = _now()
-            extra: dict[str, Any] = {"status": status, "updated_at_ms": now}
-            if status.terminal and run.finished_at_ms is None:
-                extra["finished_at_ms"] = now
-            return run.model_copy(update={**changes, **extra})
-
-        def index(pipe: Any, before: SharedRun, after: SharedRun) -> None:
-            if after.status.terminal:
-                pipe.zrem(keys.shared_runs_open(), after.shared_run_id)
-                finished = {after.shared_run_id: after.finished_at_ms or after.updated_at_ms}
-                pipe.zadd(keys.shared_runs_finished(), finished)
-                pipe.zadd(keys.shared_run_archive_outbox(), finished, nx=True)
+            return moved
 
         key = keys.shared_run(shared_run_id)
-        updated = await update_record(self.redis, key, SharedRun, apply, also=index)
+        updated = await update_record(self.redis, key, SharedRun, apply, also=_index_terminal)
         if updated is not None:
             before, after = updated
             return Transition(after, moved=before.status is not after.status)
@@ -260,6 +304,34 @@ class SharedRunStore:
                 )
             return Transition(current, moved=False)
         raise KeyError(f"shared run {shared_run_id} does not exist")
+
+    async def transition_many(
+        self,
+        moves: builtins.list[tuple[str, dict[str, Any]]],
+        status: SharedRunStatus,
+        *,
+        expect: frozenset[SharedRunStatus] | None = None,
+    ) -> builtins.list[Transition | None]:
+        """:meth:`transition` of many runs to ``status`` (each with its own changes) in
+        one transaction; None for a run that does not exist."""
+        ids = [srid for srid, _ in moves]
+        records = await update_records(
+            self.redis,
+            [keys.shared_run(srid) for srid in ids],
+            SharedRun,
+            lambda i, run: _moved(run, status, expect, moves[i][1]),
+            also=_index_terminal,
+        )
+        missing = [srid for srid, pair in zip(ids, records, strict=True) if pair is None]
+        current = {r.shared_run_id: r for r in await self.get_many(missing)}
+        out: builtins.list[Transition | None] = []
+        for srid, pair in zip(ids, records, strict=True):
+            if pair is not None:
+                out.append(Transition(pair[1], moved=pair[0].status is not pair[1].status))
+            else:
+                run = current.get(srid)
+                out.append(None if run is None else Transition(run, moved=False))
+        return out
 
     async def list(self, tenant_id: str | None = None, limit: int = 100) -> list[SharedRun]:
         index = keys.shared_runs_by_tenant(tenant_id) if tenant_id else keys.shared_runs()

@@ -6,7 +6,9 @@ the key count in the file name is checked on every call, shared functions live i
 most once per script; cycles are reported with file and line). Every script gets a
 first line naming the airuntime version, so two releases sharing one Redis never run
 each other's code (their SHAs differ). A server that lost its script cache answers
-NOSCRIPT; the script is loaded again and the call retried once.
+NOSCRIPT; the script is loaded again and the call retried once. :meth:`ScriptLibrary.call_many`
+sends many calls of one script in one round trip (a pipeline, each call still atomic on
+its own), which is how the dispatch path batches per-run scripts.
 """
 
 from __future__ import annotations
@@ -90,14 +92,18 @@ class ScriptLibrary:
         except KeyError:
             raise ScriptError(f"No Lua script named {name!r}.") from None
 
-    async def call(
-        self, redis: Redis, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
-    ) -> Any:
+    def _checked(self, name: str, keys: Sequence[KeyArg]) -> LuaScript:
         script = self[name]
         if len(keys) != script.num_keys:
             raise ScriptError(
                 f"Lua script {name!r} takes {script.num_keys} keys, was called with {len(keys)}."
             )
+        return script
+
+    async def call(
+        self, redis: Redis, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
+    ) -> Any:
+        script = self._checked(name, keys)
         try:
             return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
         except NoScriptError:
@@ -105,34 +111,34 @@ class ScriptLibrary:
             return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
 
     async def call_many(
-        self,
-        redis: Redis,
-        name: str,
-        calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]],
+        self, redis: Redis, name: str, calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]]
     ) -> list[Any]:
-        """The same script called once per ``(keys, args)``, pipelined (one round trip,
-        not atomic as a whole: each call is). Loads the script first when the server
-        does not have it, so the calls must be safe to run again (idempotent)."""
-        script = self[name]
-        for call_keys, _ in calls:
-            if len(call_keys) != script.num_keys:
-                raise ScriptError(
-                    f"Lua script {name!r} takes {script.num_keys} keys, "
-                    f"was called with {len(call_keys)}."
-                )
+        """One reply per ``(keys, args)`` call of script ``name``, all sent in one round
+        trip (no MULTI: each call is atomic on its own, as with :meth:`call`). A reply that
+        is an error is returned as the exception, not raised."""
         if not calls:
             return []
-        for attempt in (1, 2):
-            pipe = redis.pipeline(transaction=False)
-            for call_keys, args in calls:
-                pipe.evalsha(script.sha, script.num_keys, *call_keys, *args)
-            try:
-                return list(await pipe.execute())
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                await redis.script_load(script.source)
-        raise AssertionError("unreachable")
+        script = self[name]
+        for keys, _ in calls:
+            self._checked(name, keys)
+        replies = await self._pipelined(redis, script, calls)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            # Only the calls the server refused are sent again: the others ran.
+            await redis.script_load(script.source)
+            again = await self._pipelined(redis, script, [calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    @staticmethod
+    async def _pipelined(
+        redis: Redis, script: LuaScript, calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]]
+    ) -> list[Any]:
+        pipe = redis.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
 
 
 @cache

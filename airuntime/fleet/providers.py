@@ -13,10 +13,16 @@ instance side, so a retried delivery never creates a second run.
   slices shorter than the client's socket timeout (:mod:`airuntime.fleet.blocking`).
 * ``http`` — ``POST {endpoint}/v1/instances/{id}/runs`` with the runtime token
   (``Authorization: Bearer``; the runtime answers 401 without it).
+
+A pump delivers its batch per instance (:meth:`RuntimeProvider.deliver_many`): the
+``local`` provider hands the instance all N runs in one call (``accept_many``: one
+round trip of acceptance scripts); ``redis`` and ``http`` send the N deliveries
+concurrently. Each answer is a RunId or the :class:`DeliveryError` of that run alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -24,8 +30,10 @@ from typing import Any, Protocol
 
 import httpx
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from airuntime.core import keys
+from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.fleet.blocking import block_slice_s
 from airuntime.fleet.registry import InstanceDescriptor
@@ -46,10 +54,36 @@ class AcceptsRuns(Protocol):
     async def accept(self, request: RunRequest) -> str: ...
 
 
+Delivered = str | DeliveryError
+"""One run's answer in a batch delivery: its RunId, or why it was not delivered."""
+
+
 class RuntimeProvider(Protocol):
     name: str
 
     async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str: ...
+
+    async def deliver_many(
+        self, instance: InstanceDescriptor, requests: list[RunRequest]
+    ) -> list[Delivered]: ...
+
+
+async def deliver_each(
+    provider: RuntimeProvider, instance: InstanceDescriptor, requests: list[RunRequest]
+) -> list[Delivered]:
+    """A batch as concurrent single deliveries; a run that failed answers its
+    :class:`DeliveryError` (any other error becomes one with reason ``unreachable``)."""
+
+    async def one(request: RunRequest) -> Delivered:
+        try:
+            with use_context(request.snapshot):  # each delivery under its own run's context
+                return await provider.deliver(instance, request)
+        except DeliveryError as exc:
+            return exc
+        except (OSError, RedisError) as exc:
+            return DeliveryError(f"{type(exc).__name__}: {exc}", reason="unreachable")
+
+    return list(await asyncio.gather(*(one(r) for r in requests)))
 
 
 class LocalProvider:
@@ -74,6 +108,21 @@ class LocalProvider:
                 reason="unreachable",
             )
         return await target.accept(request)
+
+    async def deliver_many(
+        self, instance: InstanceDescriptor, requests: list[RunRequest]
+    ) -> list[Delivered]:
+        target = self.instances.get(instance.instance_id)
+        accept_many = getattr(target, "accept_many", None)
+        if target is None or accept_many is None:
+            return await deliver_each(self, instance, requests)
+        answers: list[str | Exception] = await accept_many(requests)
+        return [
+            a
+            if isinstance(a, str)
+            else DeliveryError(str(a), reason=str(getattr(a, "reason", "refused")))
+            for a in answers
+        ]
 
 
 INBOX_MAXLEN = 10_000
@@ -110,6 +159,11 @@ class RedisProvider:
                 reason="timeout",
             )
         return _parse_reply(instance.instance_id, json.loads(got))
+
+    async def deliver_many(
+        self, instance: InstanceDescriptor, requests: list[RunRequest]
+    ) -> list[Delivered]:
+        return await deliver_each(self, instance, requests)
 
     async def _reply(self, reply_to: str) -> Any:
         """BLPOP in slices the connection's socket timeout allows, until ``timeout_s``."""
@@ -169,6 +223,11 @@ class HttpProvider:
                 reason="unreachable",
             )
         return _parse_reply(instance.instance_id, body)
+
+    async def deliver_many(
+        self, instance: InstanceDescriptor, requests: list[RunRequest]
+    ) -> list[Delivered]:
+        return await deliver_each(self, instance, requests)
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -103,11 +103,34 @@ class RunIndex:
         local queue already holds ``queue_capacity`` runs, :class:`SharedRunConflict`
         when the SharedRunId's run belongs to another tenant.
         """
+        call = self._accept_call(instance_id, request, queue_capacity)
+        reply: Any = await self.scripts.call(self.redis, "acceptRun", *call)
+        return await self._accepted(instance_id, request, queue_capacity, reply)
+
+    async def accept_many(
+        self, instance_id: str, requests: list[RunRequest], *, queue_capacity: int = 2**31
+    ) -> list[tuple[str, bool] | QueueFull | SharedRunConflict]:
+        """:meth:`accept` for a batch delivered to one instance, in one round trip (each
+        run still accepted atomically on its own, in order); one answer per request."""
+        calls = [self._accept_call(instance_id, r, queue_capacity) for r in requests]
+        replies = await self.scripts.call_many(self.redis, "acceptRun", calls)
+        out: list[tuple[str, bool] | QueueFull | SharedRunConflict] = []
+        for request, reply in zip(requests, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            try:
+                out.append(await self._accepted(instance_id, request, queue_capacity, reply))
+            except (QueueFull, SharedRunConflict) as exc:
+                out.append(exc)
+        return out
+
+    @staticmethod
+    def _accept_call(
+        instance_id: str, request: RunRequest, queue_capacity: int
+    ) -> tuple[list[str], list[str | int]]:
         snap = request.snapshot
         candidate = f"run-{uuid.uuid4().hex}"
-        reply: Any = await self.scripts.call(
-            self.redis,
-            "acceptRun",
+        return (
             [
                 keys.shared_run_to_run(request.shared_run_id),
                 keys.run(candidate),
@@ -127,6 +150,11 @@ class RunIndex:
                 queue_capacity,
             ],
         )
+
+    async def _accepted(
+        self, instance_id: str, request: RunRequest, queue_capacity: int, reply: Any
+    ) -> tuple[str, bool]:
+        snap = request.snapshot
         code = int(reply[0])
         if code == 1:
             return _s(reply[1]), True
@@ -142,6 +170,31 @@ class RunIndex:
                 f"refused for tenant {snap.tenant_id}."
             )
         return existing, False
+
+    async def start_many(self, instance_id: str, starts: list[tuple[str, str]]) -> list[bool]:
+        """:meth:`start` of many ``(run_id, execution_id)`` in one round trip (each run
+        started atomically on its own); one answer per run."""
+        replies = await self.scripts.call_many(
+            self.redis, "startRun", [self._start_call(instance_id, r, e) for r, e in starts]
+        )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [int(reply[0]) == 1 for reply in replies]
+
+    @staticmethod
+    def _start_call(
+        instance_id: str, run_id: str, execution_id: str
+    ) -> tuple[list[str], list[str]]:
+        return (
+            [
+                keys.run(run_id),
+                keys.instance_queue(instance_id),
+                keys.runs_in_state(RunStatus.QUEUED),
+                keys.runs_in_state(RunStatus.RUNNING),
+            ],
+            [run_id, instance_id, execution_id],
+        )
 
     async def start(self, instance_id: str, run_id: str, execution_id: str) -> bool:
         """Start ``run_id`` on ``instance_id`` with ``execution_id``; False when it is no
@@ -263,33 +316,37 @@ class RunIndex:
     async def queue_length(self, instance_id: str) -> int:
         return int(await self.redis.llen(keys.instance_queue(instance_id)))
 
+    async def queue_head(self, instance_id: str, count: int) -> list[str]:
+        """The first ``count`` runs of ``instance_id``'s queue, left in place."""
+        if count < 1:
+            return []
+        return [
+            _s(r) for r in await self.redis.lrange(keys.instance_queue(instance_id), 0, count - 1)
+        ]
+
     async def head_of_queue(self, instance_id: str) -> str | None:
         """The next run of ``instance_id``'s queue, left in place (:meth:`start` takes it)."""
         raw = await self.redis.lindex(keys.instance_queue(instance_id), 0)
         return _s(raw) if raw is not None else None
 
     async def _load(self, run_id: str) -> tuple[RunRecord, RunRequest] | None:
-        raw = await self.redis.hgetall(keys.run(run_id))
-        if not raw:
-            return None
-        m = {_s(k): _s(v) for k, v in raw.items()}
-        record = RunRecord(
-            run_id=m["run_id"],
-            shared_run_id=m["shared_run_id"],
-            instance_id=m["instance_id"],
-            tenant_id=m["tenant_id"],
-            tenant_group_id=m.get("tenant_group_id") or None,
-            status=RunStatus(m["status"]),
-            execution_id=m.get("execution_id") or None,
-            failure_reason=m.get("failure_reason") or None,
-            created_at_ms=int(m["created_at_ms"]),
-            started_at_ms=int(m["started_at_ms"]) if m.get("started_at_ms") else None,
-            finished_at_ms=int(m["finished_at_ms"]) if m.get("finished_at_ms") else None,
-            snapshot=ExecutionContextSnapshot.model_validate_json(m["snapshot"]),
-            metadata=json.loads(m.get("metadata") or "{}"),
-            step_slots=json.loads(m["step_slots"]) if m.get("step_slots") else None,
-        )
-        return record, RunRequest.model_validate_json(m["request"])
+        return _parse(await self.redis.hgetall(keys.run(run_id)))
+
+    async def load_many(
+        self, run_ids: list[str]
+    ) -> list[tuple[RunRecord, RunRequest] | ValueError | None]:
+        """Record and request of each run (None: gone; the ValueError of a corrupt
+        record), in one round trip; no tenant check (the owning instance)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hgetall(keys.run(run_id))
+        out: list[tuple[RunRecord, RunRequest] | ValueError | None] = []
+        for raw in await pipe.execute():
+            try:
+                out.append(_parse(raw))
+            except ValueError as exc:
+                out.append(exc)
+        return out
 
     async def get_for_tenant(self, run_id: str, tenant_id: str) -> RunRecord | None:
         """The record of ``run_id`` if it belongs to ``tenant_id``; None otherwise."""
@@ -306,6 +363,30 @@ class RunIndex:
         raw = await self.redis.get(keys.shared_run_to_run(shared_run_id))
         return _s(raw) if raw is not None else None
 
+    async def runs_for_shared(self, shared_run_ids: list[str]) -> list[str | None]:
+        """:meth:`run_for_shared` for many SharedRunIds in one call."""
+        if not shared_run_ids:
+            return []
+        raws = await self.redis.mget([keys.shared_run_to_run(i) for i in shared_run_ids])
+        return [_s(r) if r is not None else None for r in raws]
+
+    async def owners(self, run_ids: list[str]) -> list[tuple[str | None, str | None]]:
+        """(status, instance id) of each run (Nones: no record), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(keys.run(run_id), "status", "instance_id")
+        return [
+            (_s(st) if st is not None else None, _s(iid) if iid is not None else None)
+            for st, iid in await pipe.execute()
+        ]
+
+    async def tenants_of(self, run_ids: list[str]) -> list[str | None]:
+        """The tenant of each run (None: no record), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hget(keys.run(run_id), "tenant_id")
+        return [_s(r) if r is not None else None for r in await pipe.execute()]
+
     async def list_for_tenant(self, tenant_id: str, limit: int = 100) -> list[RunRecord]:
         ids = await self.redis.zrevrange(keys.runs_by_tenant(tenant_id), 0, limit - 1)
         out = []
@@ -317,3 +398,27 @@ class RunIndex:
 
     async def in_state(self, status: RunStatus, limit: int = 1000) -> list[str]:
         return [_s(r) for r in await self.redis.zrange(keys.runs_in_state(status), 0, limit - 1)]
+
+
+def _parse(raw: dict[Any, Any]) -> tuple[RunRecord, RunRequest] | None:
+    """A run hash as (record, request); None when empty, ValueError when corrupt."""
+    if not raw:
+        return None
+    m = {_s(k): _s(v) for k, v in raw.items()}
+    record = RunRecord(
+        run_id=m["run_id"],
+        shared_run_id=m["shared_run_id"],
+        instance_id=m["instance_id"],
+        tenant_id=m["tenant_id"],
+        tenant_group_id=m.get("tenant_group_id") or None,
+        status=RunStatus(m["status"]),
+        execution_id=m.get("execution_id") or None,
+        failure_reason=m.get("failure_reason") or None,
+        created_at_ms=int(m["created_at_ms"]),
+        started_at_ms=int(m["started_at_ms"]) if m.get("started_at_ms") else None,
+        finished_at_ms=int(m["finished_at_ms"]) if m.get("finished_at_ms") else None,
+        snapshot=ExecutionContextSnapshot.model_validate_json(m["snapshot"]),
+        metadata=json.loads(m.get("metadata") or "{}"),
+        step_slots=json.loads(m["step_slots"]) if m.get("step_slots") else None,
+    )
+    return record, RunRequest.model_validate_json(m["request"])

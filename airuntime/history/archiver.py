@@ -313,6 +313,9 @@ class ExecutionArchiver:
             for eid, entries in archived
         ]
         results = await self.scripts.call_many(self.redis, "settleArchive", calls)
+        for reply in results:
+            if isinstance(reply, Exception):
+                raise reply  # the rest settled; the failed ones are leased again when due
         return sum(1 for r in results if int(r[0]) == 2)
 
     async def _redis_ms(self) -> int:

@@ -19,6 +19,7 @@
     1 enqueued   0 already queued (no change)   -6 item is terminal and requeue not asked
 ]]
 --- @include "nowMs"
+--- @include "putPending"
 
 local pendingKey, claimedKey = KEYS[1], KEYS[2]
 local itemKey = ARGV[1] .. ARGV[2]
@@ -26,9 +27,5 @@ local now, nowUs = nowMs()
 local status = redis.call('HGET', itemKey, 'status')
 if status == 'Pending' or status == 'Claimed' then return 0 end
 if status and ARGV[3] ~= '1' then return -6 end
-redis.call('HSET', itemKey, 'status', 'Pending', 'shared_run_id', ARGV[2], 'tenant_id', ARGV[4],
-  'enqueued_at_ms', now, 'score', nowUs)
-redis.call('HDEL', itemKey, 'claim_token', 'claimed_by')
-redis.call('HINCRBY', itemKey, 'enqueues', 1)
-redis.call('ZADD', pendingKey, nowUs, ARGV[2])
+putPending(pendingKey, itemKey, ARGV[2], ARGV[4], now, nowUs)
 return 1

@@ -1,5 +1,5 @@
 --[[
-  Reserve one run slot and a worker share of a runtime instance before dispatching
+  Reserve one run slot (or up to ARGV[8] of them, for a pump's batch) and a worker share of a runtime instance before dispatching
   to it, so two dispatchers reading the same (possibly stale) capacity descriptor
   cannot overfill it: neither its run slots nor its workers (a run takes
   min(workers per run, available workers) workers, as the runtime starts it).
@@ -19,9 +19,12 @@
     ARGV[5] grace, ms (a reservation this much older than the descriptor is reflected)
     ARGV[6] free workers according to the descriptor
     ARGV[7] workers one run takes at most (min(workers, max local workers per run))
+    ARGV[8] optional: how many run slots to reserve at most (default 1); members of a
+            batch are '<reservation id>.<n>|<worker share>'
 
   Output:
-    {1, reservedNow, member}    reserved; member is what release removes
+    {1, reservedNow, member, ...} reserved (one member per slot reserved, at least one);
+                                  each member is what release removes
     {-7, reservedNow, 'slots'}  no free run slot left
     {-7, reservedNow, 'workers'} no free worker left
 ]]
@@ -41,8 +44,19 @@ end
 if #members >= tonumber(ARGV[2]) then return {-7, #members, 'slots'} end
 local free = tonumber(ARGV[6]) - used
 if free <= 0 then return {-7, #members, 'workers'} end
-local share = math.min(tonumber(ARGV[7]), free)
-local member = ARGV[1] .. '|' .. share
-redis.call('ZADD', key, now, member)
+local want = tonumber(ARGV[8] or '1')
+local out = {1, #members}
+local slotsLeft = tonumber(ARGV[2]) - #members
+while want > 0 and slotsLeft > 0 and free > 0 do
+  local share = math.min(tonumber(ARGV[7]), free)
+  local member = ARGV[1] .. '|' .. share
+  if ARGV[8] then member = ARGV[1] .. '.' .. (#out - 1) .. '|' .. share end
+  redis.call('ZADD', key, now, member)
+  out[#out + 1] = member
+  out[2] = out[2] + 1
+  free = free - share
+  slotsLeft = slotsLeft - 1
+  want = want - 1
+end
 redis.call('PEXPIRE', key, tonumber(ARGV[4]))
-return {1, #members + 1, member}
+return out

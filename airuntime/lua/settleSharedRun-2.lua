@@ -13,6 +13,8 @@
     ARGV[3] claim token
     ARGV[4] outcome: Dispatched | Pending | ScaleOutRequested | Rejected | Cancelled
     ARGV[5] detail (instance id or reason)
+    ARGV[6] optional: '0' when a Pending item was claimed but never tried (a pump's
+            batch released it): its failed_dispatches count stays
 
   Output:
     1 settled   -3 stale claim token   -2 no such item
@@ -31,7 +33,7 @@ if outcome == 'Pending' then
   -- back in its original place (FIFO by first enqueue)
   local score = redis.call('HGET', itemKey, 'score') or nowUs
   redis.call('ZADD', pendingKey, score, ARGV[2])
-  redis.call('HINCRBY', itemKey, 'failed_dispatches', 1)
+  if ARGV[6] ~= '0' then redis.call('HINCRBY', itemKey, 'failed_dispatches', 1) end
 end
 redis.call('HSET', itemKey, 'status', outcome, 'settled_at_ms', now, 'detail', ARGV[5])
 redis.call('HDEL', itemKey, 'claim_token', 'claimed_by')

@@ -232,23 +232,24 @@ async def test_cancelling_a_dispatched_run_ends_it_cancelled(
     assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
 
 
-async def test_a_cancel_between_submits_create_and_its_queueing_stands(
-    redis: Redis, cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
+async def test_submit_creates_the_queued_run_and_its_queue_item_in_one_step_and_a_cancel_stands(
+    redis: Redis, cp: ControlPlane
 ) -> None:
-    real_create = cp.runs.create
-    answers: list[SharedRun | None] = []
-
-    async def create_then_cancel(run: SharedRun) -> None:
-        await real_create(run)
-        answers.append(await cp.cancel(run.shared_run_id, "default"))
-
-    monkeypatch.setattr(cp.runs, "create", create_then_cancel)
+    """Submit has no window between the record and its queueing (one script): right
+    after it the run is QueuedGlobally with a Pending item; a cancel then takes both."""
     run = await cp.submit(TINY_PIPELINE, snap())
+    stored = await cp.runs.require(run.shared_run_id)
+    assert stored.status is SharedRunStatus.QUEUED_GLOBALLY == run.status
+    item = await cp.queue.item(run.shared_run_id)
+    assert item["status"] == "Pending" and item["tenant_id"] == "default"
+    assert await redis.zscore(keys.shared_runs_open(), run.shared_run_id) is not None
 
-    assert answers[0] is not None and answers[0].status is SharedRunStatus.CANCELLED
-    assert run.status is SharedRunStatus.CANCELLED
+    answer = await cp.cancel(run.shared_run_id, "default")
+
+    assert answer is not None and answer.status is SharedRunStatus.CANCELLED
     assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
-    assert await cp.queue.pending_count() == 0 and await cp.queue.item(run.shared_run_id) == {}
+    assert await cp.queue.pending_count() == 0
+    assert (await cp.queue.item(run.shared_run_id))["status"] == "Cancelled"
 
 
 async def test_a_cancel_between_the_requeuers_read_and_write_stands(

@@ -65,14 +65,14 @@ class ControllerFault:
 
     def __init__(self, instance: RuntimeInstance) -> None:
         self.armed = True
-        real = instance.index.head_of_queue
+        real = instance.index.queue_head
 
-        async def head_of_queue(instance_id: str) -> str | None:
+        async def queue_head(instance_id: str, count: int) -> list[str]:
             if self.armed:
                 raise RedisConnectionError("injected: connection reset by peer")
-            return await real(instance_id)
+            return await real(instance_id, count)
 
-        instance.index.head_of_queue = head_of_queue  # type: ignore[method-assign]
+        instance.index.queue_head = queue_head  # type: ignore[method-assign]
 
 
 async def test_a_failing_controller_is_restarted_counted_advertised_and_recovers(

@@ -26,9 +26,11 @@ read.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 import re
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import field_validator
 from pydantic_settings import NoDecode
@@ -121,5 +123,16 @@ def _is_network(text: str) -> bool:
 
 def handler_settings() -> HandlerSettings:
     """The settings as the environment says right now (raises ``ValidationError`` on a
-    malformed variable, naming it)."""
+    malformed variable, naming it). Read once per distinct value of the variables
+    (reading them through pydantic-settings costs milliseconds, and every compile --
+    submit, intake, run start -- asks), so a changed variable is still seen at once."""
+    return _settings_for(tuple(os.environ.get(v) for v in _VARIABLES))
+
+
+_VARIABLES: Final = tuple(HandlerSettings.env_var(f) for f in HandlerSettings.model_fields)
+
+
+@functools.lru_cache(maxsize=16)
+def _settings_for(values: tuple[str | None, ...]) -> HandlerSettings:
+    del values  # the cache key: HandlerSettings reads the same environment
     return HandlerSettings()
