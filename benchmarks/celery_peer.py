@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -43,9 +45,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def run_celery(url: str, n: int) -> ChordRun:
-    """Chord of ``n`` no-op tasks run by ``celery worker --pool prefork --concurrency 2``
-    on databases 1 (broker) and 2 (results) of ``url``'s server."""
+@contextlib.contextmanager
+def celery_worker(url: str, name: str = "bench") -> Iterator[Any]:
+    """A ``celery worker --pool prefork --concurrency 2`` subprocess on databases 1
+    (broker) and 2 (results) of ``url``'s server, up and answering pings; yields the app.
+    Stopped (and the result consumer with it) on the way out."""
     broker, backend = with_db(url, 1), with_db(url, 2)
     os.environ[CELERY_BROKER_ENV] = broker
     os.environ[CELERY_BACKEND_ENV] = backend
@@ -59,9 +63,8 @@ def run_celery(url: str, n: int) -> ChordRun:
         sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker",
         "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY), "--loglevel", "WARNING",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--hostname", f"bench-{os.getpid()}@%h",
+        "--hostname", f"{name}-{os.getpid()}@%h",
     ]  # fmt: skip
-    client = redis.Redis.from_url(url)
     try:
         with tempfile.TemporaryFile(mode="w+") as worker_log:
             proc = subprocess.Popen(
@@ -79,17 +82,26 @@ def run_celery(url: str, n: int) -> ChordRun:
                         raise RuntimeError(
                             f"celery worker did not come up: {worker_log.read()[-2000:]}"
                         )
-                return _time_chord(client, n)
+                yield app
             finally:
                 _stop(proc)
     finally:
-        client.close()
         # AsyncResult.__del__ unsubscribes from the result backend: let it run while
         # the server is still up (at interpreter exit it would retry a dead server).
         gc.collect()
         with contextlib.suppress(Exception):
             app.backend.result_consumer.stop()
         app.close()
+
+
+def run_celery(url: str, n: int) -> ChordRun:
+    """Chord of ``n`` no-op tasks run by :func:`celery_worker` on ``url``'s server."""
+    client = redis.Redis.from_url(url)
+    try:
+        with celery_worker(url):
+            return _time_chord(client, n)
+    finally:
+        client.close()
 
 
 def _time_chord(client: redis.Redis, n: int) -> ChordRun:

@@ -23,6 +23,7 @@ from typing import Any
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict
+from redis.asyncio import Redis
 
 from airuntime.control_plane.api import close_app, create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
@@ -92,12 +93,9 @@ async def serve_control_plane(
     """
     redis = connect(redis_url, client_name="airt-control-plane")
     settings = settings or ControlPlaneSettings()
-    token = settings.runtime_token.get_secret_value() if settings.runtime_token else None
     history_settings = HistorySettings()
     scaler = scale_out_provider or (
-        LocalScaler(redis, redis_url, runtime_token=token, history_dsn=history_settings.dsn())
-        if local_scaler
-        else None
+        _local_scaler(redis, redis_url, settings, history_settings) if local_scaler else None
     )
     # One store: the API reads runs from it, the archiver (when enabled) writes them;
     # the runtimes the local scaler starts write large step outputs to it.
@@ -132,6 +130,15 @@ async def serve_control_plane(
             with contextlib.suppress(FileNotFoundError):
                 state_file().unlink()
         await redis.aclose()
+
+
+def _local_scaler(
+    redis: Redis, redis_url: str, settings: ControlPlaneSettings, history: HistorySettings
+) -> LocalScaler:
+    """The local scaler: its runtimes get the runtime token and the history's DSN (large
+    step outputs go where this control plane reads them)."""
+    token = settings.runtime_token.get_secret_value() if settings.runtime_token else None
+    return LocalScaler(redis, redis_url, runtime_token=token, history_dsn=history.dsn())
 
 
 def _development_auth(tenants: list[TenantSettings], state: dict[str, Any] | None) -> Authenticator:

@@ -20,21 +20,12 @@
 ]]
 --- @include "nowMs"
 --- @include "claimQueueItem"
+--- @include "recoverClaims"
 
 local pendingKey, claimedKey = KEYS[1], KEYS[2]
 local prefix, claimer, leaseMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now, nowUs = nowMs()
-local recovered = 0
-local expired = redis.call('ZRANGEBYSCORE', claimedKey, '-inf', now, 'LIMIT', 0, 100)
-for _, srid in ipairs(expired) do
-  redis.call('ZREM', claimedKey, srid)
-  if redis.call('HGET', prefix .. srid, 'status') == 'Claimed' then
-    redis.call('HSET', prefix .. srid, 'status', 'Pending')
-    redis.call('HDEL', prefix .. srid, 'claim_token', 'claimed_by')
-    redis.call('ZADD', pendingKey, redis.call('HGET', prefix .. srid, 'score') or nowUs, srid)
-    recovered = recovered + 1
-  end
-end
+local recovered = recoverClaims(claimedKey, pendingKey, prefix, now, nowUs)
 local skip = {}
 for i = 4, #ARGV do skip[ARGV[i]] = true end
 local srid = nil

@@ -43,6 +43,23 @@ def create_app(
     app = FastAPI(title="airuntime control plane", version="v1")
     app.state.airuntime = ApiContext(control_plane, auth, metrics, history)
     app.add_middleware(BodyLimit, limit=control_plane.settings.max_request_bytes)
+    _answer_refusals(app)
+    for module in (health, run_reads, run_steer, runs, queue, fleet):
+        app.include_router(module.router)
+    install_console(app)  # the web console at /ui: same tokens and roles, a cookie session
+    if control_plane.settings.mcp_enabled:
+        # Imported here: the MCP package imports this package's operations.
+        from airuntime.control_plane.mcp.server import McpEndpoint
+
+        endpoint = McpEndpoint(app.state.airuntime, auth)
+        app.state.mcp = endpoint
+        app.add_route(MCP_PATH, endpoint, include_in_schema=False)  # type: ignore[arg-type]
+    return app
+
+
+def _answer_refusals(app: FastAPI) -> None:
+    """Every refusal the operations raise, as the HTTP answer it stands for (4xx; 503
+    with Retry-After when Redis or the history is unavailable)."""
 
     @app.exception_handler(PipelineRefused)
     async def _invalid_pipeline(request: Request, exc: PipelineRefused) -> JSONResponse:
@@ -81,18 +98,6 @@ def create_app(
             status_code=503,
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
-
-    for module in (health, run_reads, run_steer, runs, queue, fleet):
-        app.include_router(module.router)
-    install_console(app)  # the web console at /ui: same tokens and roles, a cookie session
-    if control_plane.settings.mcp_enabled:
-        # Imported here: the MCP package imports this package's operations.
-        from airuntime.control_plane.mcp.server import McpEndpoint
-
-        endpoint = McpEndpoint(app.state.airuntime, auth)
-        app.state.mcp = endpoint
-        app.add_route(MCP_PATH, endpoint, include_in_schema=False)  # type: ignore[arg-type]
-    return app
 
 
 async def close_app(app: FastAPI) -> None:
