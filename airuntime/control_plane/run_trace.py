@@ -142,16 +142,18 @@ def _duration(row: dict[str, Any]) -> int:
 
 def _critical_path(rows: list[dict[str, Any]]) -> tuple[list[str], int]:
     """The longest chain of dependent steps by duration (rows are in plan order, which
-    is topological)."""
+    is topological). Durations are whole milliseconds, so fast steps tie at 0: between
+    equal durations the chain with more steps wins, so the path runs to the end of the
+    DAG whatever the clock's resolution (a chain a -> b of instant steps is [a, b])."""
+
+    def weight(t: tuple[int, list[str]]) -> tuple[int, int]:
+        return t[0], len(t[1])
+
     best: dict[str, tuple[int, list[str]]] = {}
     for row in rows:
-        before = max(
-            (best[d] for d in row["depends_on"] if d in best),
-            key=lambda t: t[0],
-            default=(0, []),
-        )
+        before = max((best[d] for d in row["depends_on"] if d in best), key=weight, default=(0, []))
         best[row["step"]] = (before[0] + row["duration_ms"], [*before[1], row["step"]])
-    total, path = max(best.values(), key=lambda t: t[0], default=(0, []))
+    total, path = max(best.values(), key=weight, default=(0, []))
     return path, total
 
 
