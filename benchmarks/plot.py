@@ -71,6 +71,7 @@ def _dispatch_panel(ax: Any, report: dict[str, Any]) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("single-step runs submitted")
     ax.set_ylabel("completed runs/s")
+    ax.set_ylim(bottom=0)
     ax.set_title("Dispatch: runs/s against backlog size")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
