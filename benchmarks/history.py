@@ -11,7 +11,10 @@ from the repository root; a private embedded Valkey is started. Two measurements
   one worker pool) with ``archive_hold_s`` (finalization queues them on the outbox and an
   archiver in another process, as the control plane is, drains it into SQLite) and
   without, alternated three times; the ratio of the medians is printed (target: at most 10%
-  slower, ratio >= 0.9).
+  slower, ratio >= 0.9);
+* **the same on the engine benchmark's DAG** (``fanout-2000`` of
+  :mod:`benchmarks.dag_throughput`: 1 -> 2,000 -> 1), eight executions one after another
+  on one 64-slot pool, off and on alternated five times.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from airuntime.engine.pipeline import compile_pipeline, parse_pipeline
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.history import open_history_store
 from airuntime.history.archiver import ExecutionArchiver
+from benchmarks.dag_shapes import deps_of, plan_of, steps_of
 
 DIAMOND: dict[str, Any] = {
     "id": "diamond",
@@ -141,6 +145,50 @@ async def engine_overhead(url: str, dsn: str, n: int, rounds: int = 3) -> dict[s
     }
 
 
+FANOUT = "fanout-2000"
+"""The engine benchmark's shape (:mod:`benchmarks.dag_throughput`): 1 -> 2,000 -> 1."""
+
+
+async def _run_fanouts(redis: Redis, n: int, archive: bool) -> float:
+    """Seconds to run ``n`` fan-outs one after another on one 64-slot pool."""
+    store = ExecutionStore(redis)
+    plan = plan_of(deps_of(FANOUT), FANOUT)
+    pool = WorkerPool(store, settings=PoolSettings(workers=64, control_feed=False))
+    started = time.perf_counter()
+    for _ in range(n):
+        eid = await store.create(plan, retention_s=60, archive_hold_s=3600 if archive else None)
+        await pool.run(eid)
+    return time.perf_counter() - started
+
+
+async def fanout_overhead(url: str, dsn: str, n: int = 8, rounds: int = 5) -> dict[str, Any]:
+    """The same on/off comparison on the engine benchmark's DAG: few, large executions
+    (the diamonds above are the archiver's worst case: many small ones)."""
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    await _run_fanouts(redis, 1, archive=False)  # warm-up
+    offs: list[float] = []
+    ons: list[float] = []
+    for _ in range(rounds):
+        offs.append(await _run_fanouts(redis, n, archive=False))
+        proc = await _archiver_process(url, dsn)
+        ons.append(await _run_fanouts(redis, n, archive=True))
+        await _stop(proc)
+    await redis.aclose()
+    off, on = sorted(offs)[len(offs) // 2], sorted(ons)[len(ons) // 2]
+    steps = n * steps_of(FANOUT)
+    return {
+        "measure": "engine_steps_per_s_fanout",
+        "shape": FANOUT,
+        "executions": n,
+        "rounds": rounds,
+        "steps_per_s_archive_off": round(steps / off, 1),
+        "steps_per_s_archive_on": round(steps / on, 1),
+        "ratio_on_off": round(off / on, 3),
+        "target_ratio": 0.9,
+    }
+
+
 async def archive_forever(url: str, dsn: str) -> None:
     """``--archiver URL DSN``: the child process of :func:`engine_overhead`."""
     redis = Redis.from_url(url)
@@ -164,6 +212,8 @@ async def run_all(url: str, runs: int, pg_dsn: str | None, tmp: Path) -> list[di
         results.append(await archive_throughput(url, dsn, runs))
     log(f"engine with archiving on vs off: {runs} runs each ...")
     results.append(await engine_overhead(url, f"sqlite:///{tmp / 'overhead.db'}", runs))
+    log(f"engine with archiving on vs off: the engine benchmark's {FANOUT} ...")
+    results.append(await fanout_overhead(url, f"sqlite:///{tmp / 'fanout.db'}"))
     return results
 
 
