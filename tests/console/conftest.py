@@ -10,7 +10,6 @@ Screenshots go to ``artifacts/console/`` (git-ignored); the README's images are 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from airuntime.control_plane.settings import ControlPlaneSettings
+from tests.polling import wait_until
 from tests.runs.served import ServedControlPlane
 
 CHROMIUM = os.environ.get("AIRUNTIME_CHROMIUM", "/usr/bin/chromium")
@@ -51,21 +51,29 @@ class Stack:
         """Drain until each (run, owner) left the queue. One drain may dispatch fewer
         runs than are queued: admission holds a reservation on the instance until its
         next capacity publication (a deadline poll, not an ordering sleep)."""
-        deadline = time.monotonic() + 30
         for srid, who in runs:
-            while self.run(srid, who)["status"] == "QueuedGlobally":
-                assert time.monotonic() < deadline, f"{srid} was never dispatched"
-                self.drain()
-                time.sleep(0.1)
+            wait_until(
+                lambda: self._drained_unless(self.run(srid, who)["status"] != "QueuedGlobally"),  # noqa: B023
+                within=30,
+                what=f"{srid} to be dispatched",
+            )
 
     def settle(self) -> None:
         """Drain until nothing is pending for either tenant."""
-        deadline = time.monotonic() + 30
         for who in ("alice-a", "bob-b"):
-            while self.api.get("/v1/queue", headers=bearer(who)).json()["pending"]:
-                assert time.monotonic() < deadline, "the queue never emptied"
-                self.drain()
-                time.sleep(0.1)
+            wait_until(
+                lambda: self._drained_unless(
+                    not self.api.get("/v1/queue", headers=bearer(who)).json()["pending"]  # noqa: B023
+                ),
+                within=30,
+                what=f"{who}'s queue to empty",
+            )
+
+    def _drained_unless(self, done: bool) -> bool:
+        """``done``; when not, drain once more (the next poll sees the effect)."""
+        if not done:
+            self.drain()
+        return done
 
     def run(self, srid: str, who: str = "alice-a") -> dict[str, Any]:
         resp = self.api.get(f"/v1/runs/{srid}", headers=bearer(who))

@@ -12,13 +12,13 @@ sign-in controls in order, the state colours keep their text readable (contrast 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.console.conftest import ARTIFACTS, Stack, bearer
+from tests.polling import wait_until
 from tests.runs.archive import archive_and_expire
 
 pytestmark = pytest.mark.timeout(180)
@@ -302,10 +302,7 @@ def test_a_viewer_is_refused(browser: Any, stack: Stack, artifacts: Path) -> Non
 def test_an_archived_run_reads_as_it_did_hot(browser: Any, stack: Stack) -> None:
     srid = stack.submit(FAN)
     stack.dispatch((srid, "alice-a"))
-    deadline = time.monotonic() + 60
-    while stack.run(srid)["status"] != "Succeeded":
-        assert time.monotonic() < deadline, "the run never ended"
-        time.sleep(0.1)
+    wait_until(lambda: stack.run(srid)["status"] == "Succeeded", what="the run to end")
     page = sign_in(browser, stack, "alice-a")
     page.goto(f"{stack.url}/ui/runs/{srid}")
     page.locator("#gantt svg.gantt").wait_for(timeout=WAIT_MS)

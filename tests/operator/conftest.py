@@ -30,8 +30,9 @@ from redis.asyncio import Redis
 from airuntime.fleet.registry import Registry
 from airuntime_operator import OperatorSettings, build_registry
 from tests.k8s_env import REPO_ROOT, KubeBinariesUnavailable, KubeTestEnv
-from tests.operator.k8s import Cluster, wait_until
+from tests.operator.k8s import Cluster
 from tests.operator.runtimes import PublishedRuntimes, RuntimeLauncher
+from tests.polling import wait_until
 
 CRD_DIR = REPO_ROOT / "crds"
 

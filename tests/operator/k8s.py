@@ -30,24 +30,6 @@ DEFAULT_TIMEOUT = 60.0
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def wait_until(
-    probe: Callable[[], T | None],
-    *,
-    within: float = DEFAULT_TIMEOUT,
-    what: str,
-    interval: float = 0.1,
-) -> T:
-    """``probe()``'s first truthy value; fails with ``what`` after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    last = probe()
-    while not last:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}; last: {last!r}")
-        time.sleep(interval)
-        last = probe()
-    return last
-
-
 async def eventually(
     probe: Callable[[], T | None],
     *,
