@@ -113,12 +113,23 @@ async def test_loops_recover_when_redis_is_killed_and_restarted(
             return not cp.unhealthy_loops() and (await api.get("/readyz")).status_code == 200
 
         await wait_for(ready_again, timeout_s=60, what="every loop healthy, /readyz 200 again")
-        text = (await api.get("/metrics")).text
-        errors = {
-            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("airuntime_loop_errors_total{")
-        }
+        errors: dict[str, float] = {}
+
+        async def scraped() -> bool:
+            # The first scrape after the restart may meet a pooled connection from
+            # before it and answer 503 (Retry-After), as Prometheus would see it.
+            response = await api.get("/metrics")
+            if response.status_code != 200:
+                assert response.status_code == 503, response.text
+                return False
+            errors.update(
+                (line.split('"')[1], float(line.rsplit(" ", 1)[1]))
+                for line in response.text.splitlines()
+                if line.startswith("airuntime_loop_errors_total{")
+            )
+            return True
+
+        await wait_for(scraped, timeout_s=30, what="a 200 scrape of /metrics")
         assert errors["pump"] >= 1 and errors["outcomes"] >= 1, errors
 
         # A runtime that starts now, with a client of its own (its loops are not the
