@@ -298,6 +298,8 @@ class RuntimeInstance:
     async def start(self) -> None:
         """Start the loops; return once the controller runs and the instance is registered."""
         self.status = InstanceStatus.READY
+        if self.config.step_slots_from_tenant:
+            await self._apply_settings()  # the tenant's limit before the first run
         if self.inbox is not None:
             await self.inbox.ensure()  # deliverable from the moment it is registered
         self.supervisor.start(CONTROLLER, self._controller)
@@ -539,7 +541,9 @@ class RuntimeInstance:
         self._tenant_settings_seen = True
         previous, self._last_tenant_slot_limit = self._last_tenant_slot_limit, limit
         # Settings present at startup are the baseline (the pod started with the same
-        # value from its environment); only later changes are applied, so a limit set
-        # locally through the settings API is not overwritten by an unchanged value.
-        if limit is not None and not first and limit != previous:
+        # value from its environment) unless the instance takes its limit from the
+        # tenant; only later changes are applied, so a limit set locally through the
+        # settings API is not overwritten by an unchanged value.
+        adopt = first and self.config.step_slots_from_tenant
+        if limit is not None and (adopt or (not first and limit != previous)):
             self.slots.set_limit(limit)

@@ -61,6 +61,11 @@ class _InstanceFields(BaseModel):
     max_concurrent_step_tasks: int = Field(default=0, ge=0)
     """Step handlers running at once across executions; 0 (default) = unlimited.
     The start value: changed live through the settings API and the tenant settings."""
+    step_slots_from_tenant: bool = False
+    """Take the step-handler limit from the tenant's settings in Redis from the start
+    (before the first run is accepted), not only its later changes. The operator sets
+    it: a pool's ``maxConcurrentStepTasks`` lives in the tenant settings it publishes,
+    so a change never needs a rollout and the pod needs no object of its own for it."""
     provider: str = Field(default="redis", pattern=r"^(local|redis|http)$")
     """How runs reach the instance: ``redis`` (default; a stream inbox), ``http`` or
     ``local`` (in-process)."""

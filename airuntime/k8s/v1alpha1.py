@@ -93,7 +93,7 @@ OPERATOR_MANAGED_SETTINGS: Final[tuple[str, ...]] = (
     "max_concurrent_runs",
     "queue_capacity",
     "max_local_workers_per_execution",
-    "max_concurrent_step_tasks",
+    "step_slots_from_tenant",
     "http_port",
     "http_host",
     "advertise_host",
@@ -101,9 +101,11 @@ OPERATOR_MANAGED_SETTINGS: Final[tuple[str, ...]] = (
 """Fields of the runtime's :class:`InstanceSettings` the operator sets on runtime pods,
 in the order of the pod's env."""
 OPERATOR_MANAGED_ENV: Final[tuple[str, ...]] = tuple(
-    InstanceSettings.env_var(field) for field in OPERATOR_MANAGED_SETTINGS
+    InstanceSettings.env_var(field)
+    for field in (*OPERATOR_MANAGED_SETTINGS, "max_concurrent_step_tasks")
 )
-"""Environment variables the operator sets on runtime pods; a pool's ``env`` may not set them."""
+"""Environment variables a pool's ``env`` may not set: the ones the operator sets on
+runtime pods, and the step-handler limit (the pod takes it from the tenant settings)."""
 
 
 def _cel(rule: str, message: str, **extra: str) -> dict[str, str]:

@@ -1,19 +1,21 @@
 """Pure builders of the Kubernetes objects that run one RuntimePool.
 
-Why a module of its own: what a pool *is* on the cluster -- a ServiceAccount, a
-ConfigMap of live settings, a headless Service and a Deployment of ``airt runtime``
-pods -- is a function of the pool's spec and nothing else. Keeping it free of I/O
-makes it testable without a cluster and keeps the handlers about *when* to apply,
-not *what*.
+Why a module of its own: what a pool *is* on the cluster -- a ServiceAccount and a
+Deployment of ``airt runtime`` pods -- is a function of the pool's spec and nothing
+else. Keeping it free of I/O makes it testable without a cluster and keeps the
+handlers about *when* to apply, not *what*.
 
 Every object carries the recommended ``app.kubernetes.io/*`` labels plus
 ``airuntime.io/tenant`` and ``airuntime.io/prefix``, and an owner reference to its
 RuntimePool (so the garbage collector would also remove it).
 
 ``maxConcurrentStepTasks`` deliberately does not appear in the pod template: the
-runtime applies it live from the tenant settings in Redis, and the env var that
-carries its start value reads it from the pool's ConfigMap, so changing it does not
-roll the Deployment.
+runtime takes it from the tenant settings in Redis (before its first run, then live;
+``AIRUNTIME_STEP_SLOTS_FROM_TENANT``), so changing it does not roll the Deployment.
+Two objects per pool and nothing else, because every object is an API request per
+reconcile: operators before 0.2 also wrote a ConfigMap carrying that start value and
+a headless Service nothing resolved (instances advertise their pod IP in the
+registry); deleting such a pool still removes them.
 """
 
 from __future__ import annotations
@@ -41,20 +43,16 @@ __all__ = [
     "LABEL_POOL",
     "LABEL_PREFIX",
     "LABEL_TENANT",
-    "LIVE_SETTINGS_KEY",
     "MANAGED_BY",
     "RUNTIME_COMMAND",
     "TEMPLATE_HASH_ANNOTATION",
     "PoolRef",
     "children",
-    "config_map",
     "deployment",
-    "live_settings_name",
     "pod_template",
     "runtime_env",
     "selector_labels",
     "selector_string",
-    "service",
     "service_account",
     "template_hash",
 ]
@@ -67,7 +65,6 @@ TEMPLATE_HASH_ANNOTATION: Final = "airuntime.io/pod-template-hash"
 CONTAINER_NAME: Final = "runtime"
 RUNTIME_COMMAND: Final = ("airt", "runtime")
 HTTP_PORT: Final = 8080
-LIVE_SETTINGS_KEY: Final = "maxConcurrentStepTasks"
 RUN_AS: Final = 10001
 
 _DEFAULT_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
@@ -131,11 +128,6 @@ def _metadata(
     }
 
 
-def live_settings_name(runtime_prefix: str) -> str:
-    """Name of the pool's ConfigMap of settings that change without a rollout."""
-    return f"{runtime_prefix}-live-settings"
-
-
 def _bool(value: bool) -> str:
     return "true" if value else "false"
 
@@ -164,16 +156,9 @@ def runtime_env(
         "max_concurrent_runs": {"value": str(settings.max_concurrent_runs)},
         "queue_capacity": {"value": str(settings.queue_capacity)},
         "max_local_workers_per_execution": {"value": str(settings.max_local_workers_per_execution)},
-        # The start value only: the runtime follows the tenant settings in Redis live.
-        "max_concurrent_step_tasks": {
-            "valueFrom": {
-                "configMapKeyRef": {
-                    "name": live_settings_name(spec.runtime_prefix),
-                    "key": LIVE_SETTINGS_KEY,
-                    "optional": True,
-                }
-            }
-        },
+        # No start value in the pod: it reads the pool's limit from the tenant settings
+        # the operator publishes before its first run, and follows them live.
+        "step_slots_from_tenant": {"value": "true"},
         "http_port": {"value": str(HTTP_PORT)},
         "http_host": {"value": "0.0.0.0"},
         # Listen on every interface, advertise the pod IP in the registry.
@@ -304,35 +289,6 @@ def service_account(
     }
 
 
-def service(
-    ref: PoolRef, spec: RuntimePoolSpec, *, extra_labels: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Headless Service: one DNS record per ready pod, for the ``http`` provider."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(ref, spec, spec.runtime_prefix, extra_labels),
-        "spec": {
-            "clusterIP": "None",
-            "selector": selector_labels(spec),
-            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
-            "publishNotReadyAddresses": False,
-        },
-    }
-
-
-def config_map(
-    ref: PoolRef, spec: RuntimePoolSpec, *, extra_labels: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Settings that change without a rollout (the runtime reads them live from Redis)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(ref, spec, live_settings_name(spec.runtime_prefix), extra_labels),
-        "data": {LIVE_SETTINGS_KEY: str(spec.max_concurrent_step_tasks)},
-    }
-
-
 def children(
     ref: PoolRef,
     spec: RuntimePoolSpec,
@@ -344,7 +300,5 @@ def children(
     """Every object of the pool, in apply order (the Deployment last)."""
     return [
         service_account(ref, spec, extra_labels=extra_labels),
-        config_map(ref, spec, extra_labels=extra_labels),
-        service(ref, spec, extra_labels=extra_labels),
         deployment(ref, spec, image=image, extra_labels=extra_labels, platform_env=platform_env),
     ]

@@ -3,9 +3,8 @@
 Why this module: it holds *what happens* to a pool -- the kopf wiring in
 :mod:`airuntime_operator.handlers` only decides *when*. A pool becomes:
 
-* its children (ServiceAccount, live-settings ConfigMap, headless Service,
-  Deployment), written with server-side apply, so an unchanged spec writes nothing
-  and a changed pod template rolls the Deployment;
+* its children (ServiceAccount, Deployment), written with server-side apply, so an
+  unchanged spec writes nothing and a changed pod template rolls the Deployment;
 * its tenant settings in Redis (:meth:`airuntime.fleet.registry.Registry.put_tenant`);
 * a status: desired/ready replicas, the registry's visible instances, conditions.
 
@@ -134,8 +133,8 @@ async def _apply_children(
         extra_labels=settings.extra_labels,
         platform_env=settings.runtime_platform_env(),
     )
-    # What the pods refer to (ServiceAccount, ConfigMap, Service) at once, then the
-    # Deployment: its first pod never waits for a missing ServiceAccount.
+    # What the pods refer to (the ServiceAccount) first, then the Deployment: its
+    # first pod never waits for a missing ServiceAccount.
     await _gather_all(ctx.kube.apply(obj) for obj in dependencies)
     return await ctx.kube.apply(deployment)
 
@@ -428,9 +427,10 @@ async def delete_pool(ctx: OperatorContext, *, body: kopf.Body) -> None:
     if prefix:
         for kind, name in (
             (DEPLOYMENT, prefix),
-            (SERVICE, prefix),
             (SERVICE_ACCOUNT, prefix),
-            (CONFIG_MAP, deployments.live_settings_name(prefix)),
+            # What operators before 0.2 also made for a pool (now two objects only).
+            (SERVICE, prefix),
+            (CONFIG_MAP, f"{prefix}-live-settings"),
         ):
             if await _delete_owned(ctx, kind, namespace, name, uid):
                 removed.append(f"{kind.kind} {name}")

@@ -202,6 +202,7 @@ def test_defaults_render_the_control_plane_and_the_operator(
     deployments = sorted(d["metadata"]["name"] for d in objects(docs, "Deployment"))
     assert deployments == ["rel-airuntime-control-plane", "rel-airuntime-operator"]
     assert not objects(docs, "ServiceMonitor") and not objects(docs, "RuntimePool")
+    assert not objects(docs, "PodMonitor")
     for doc in docs:
         assert doc["metadata"].get("namespace") in (None, NAMESPACE)
 
@@ -212,6 +213,7 @@ def test_everything_renders_valkey_monitoring_and_pools(render: Callable[..., li
     one(docs, "Service", "rel-airuntime-valkey")
     one(docs, "Secret", "rel-airuntime-redis")
     one(docs, "ServiceMonitor", "rel-airuntime")
+    one(docs, "PodMonitor", "rel-airuntime-runtime")
     one(docs, "ConfigMap", "rel-airuntime-dashboard")
     rules = one(docs, "PrometheusRule", "rel-airuntime")
     assert rules["metadata"]["labels"]["release"] == "prometheus"
@@ -441,8 +443,9 @@ OPERATOR_NEEDS = [
     ("airuntime.io", "scaleoutrequests/finalizers", "update"),
     # the pool's children: server-side apply (create + patch), read, delete; kopf index.
     *[("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")],
-    *[("", r, v) for r in ("services", "serviceaccounts", "configmaps")
-      for v in ("get", "create", "patch", "delete")],
+    *[("", "serviceaccounts", v) for v in ("get", "create", "patch", "delete")],
+    # a pool made by an operator before 0.2 also had a ConfigMap and a Service.
+    *[("", r, v) for r in ("services", "configmaps") for v in ("get", "delete")],
     # scale-in: pod-deletion-cost on idle pods.
     ("", "pods", "list"),
     ("", "pods", "patch"),
@@ -626,14 +629,20 @@ def test_service_monitor_scrapes_the_control_plane_and_runtime_pods(
 
     docs = render(EVERYTHING)
     monitor = one(docs, "ServiceMonitor", "rel-airuntime")
-    assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
-    assert endpoint["honorLabels"] is True  # a runtime's `instance` is its instance id
-    assert NAMESPACE in monitor["spec"]["namespaceSelector"]["matchNames"]
+    pods = one(docs, "PodMonitor", "rel-airuntime-runtime")
+    for m in (monitor, pods):
+        assert m["metadata"]["labels"]["release"] == "prometheus"
+        assert NAMESPACE in m["spec"]["namespaceSelector"]["matchNames"]
+    ((endpoint,), (pod_endpoint,)) = (
+        monitor["spec"]["endpoints"],
+        pods["spec"]["podMetricsEndpoints"],
+    )
+    for e in (endpoint, pod_endpoint):
+        assert (e["port"], e["path"]) == ("http", "/metrics")
+        assert e["honorLabels"] is True  # a runtime's `instance` is its instance id
+    assert [r["targetLabel"] for r in pod_endpoint["relabelings"]] == ["pod", "runtime_tenant"]
 
-    def selected(labels: dict[str, str]) -> bool:
-        selector = monitor["spec"]["selector"]
+    def selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         if not selector.get("matchLabels", {}).items() <= labels.items():
             return False
         for expr in selector.get("matchExpressions", []):
@@ -643,16 +652,21 @@ def test_service_monitor_scrapes_the_control_plane_and_runtime_pods(
         return True
 
     control_plane = one(docs, "Service", "rel-airuntime-control-plane")
-    assert selected(control_plane["metadata"]["labels"])
+    assert selected(monitor["spec"]["selector"], control_plane["metadata"]["labels"])
     assert "http" in [p["name"] for p in control_plane["spec"]["ports"]]
-    assert not selected(one(docs, "Service", "rel-airuntime-valkey")["metadata"]["labels"])
+    valkey = one(docs, "Service", "rel-airuntime-valkey")["metadata"]["labels"]
+    assert not selected(monitor["spec"]["selector"], valkey)
 
+    # The pods the operator runs for a pool (no Service of their own): their template's
+    # labels and named port are what the PodMonitor selects and scrapes.
     pool = EVERYTHING["runtimePools"][1]
     spec = RuntimePoolSpec.model_validate(pool["spec"])
     ref = deployments.PoolRef(name=pool["name"], namespace=NAMESPACE, uid="uid-1")
-    runtime_service = deployments.service(ref, spec)
-    assert selected(runtime_service["metadata"]["labels"]), runtime_service["metadata"]["labels"]
-    assert "http" in [p["name"] for p in runtime_service["spec"]["ports"]]
+    template = deployments.pod_template(ref, spec, image="img")
+    assert selected(pods["spec"]["selector"], template["metadata"]["labels"])
+    assert not selected(monitor["spec"]["selector"], template["metadata"]["labels"])
+    (container,) = template["spec"]["containers"]
+    assert "http" in [p["name"] for p in container["ports"]]
 
 
 # -- trust: runtime token, handler policy, network policies ------------------------------------
@@ -1207,8 +1221,8 @@ INSTALLED: Doc = {
     "pythonHandlerModules": ["mycompany.tools"],
 }
 
-# Stand-ins for the Prometheus Operator's CRDs, so that the ServiceMonitor and the
-# PrometheusRule can be created.
+# Stand-ins for the Prometheus Operator's CRDs, so that the ServiceMonitor, the
+# PodMonitor and the PrometheusRule can be created.
 SERVICE_MONITOR_CRD: Doc = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
@@ -1235,6 +1249,7 @@ def _stand_in_crd(kind: str, plural: str) -> Doc:
 
 
 PROMETHEUS_RULE_CRD = _stand_in_crd("PrometheusRule", "prometheusrules")
+POD_MONITOR_CRD = _stand_in_crd("PodMonitor", "podmonitors")
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
@@ -1324,6 +1339,7 @@ def installed(helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[I
             ext = client.ApiextensionsV1Api(release.api)
             ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)
             ext.create_custom_resource_definition(PROMETHEUS_RULE_CRD)
+            ext.create_custom_resource_definition(POD_MONITOR_CRD)
             client.CoreV1Api(release.api).create_namespace(
                 client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
             )
@@ -1352,6 +1368,10 @@ def test_chart_installs_on_a_real_api_server(installed: Installed) -> None:
         "monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors"
     )["items"]
     assert [m["metadata"]["name"] for m in monitors] == ["rel-airuntime"]
+    pod_monitors = custom.list_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", NAMESPACE, "podmonitors"
+    )["items"]
+    assert [m["metadata"]["name"] for m in pod_monitors] == ["rel-airuntime-runtime"]
     rules = custom.list_namespaced_custom_object(
         "monitoring.coreos.com", "v1", NAMESPACE, "prometheusrules"
     )["items"]
@@ -1467,7 +1487,6 @@ def test_operator_reconciles_pools_as_its_service_account(
             raise AssertionError(f"{exc}\noperator log:\n{log.read_text()[-5000:]}") from None
         core = client.CoreV1Api(installed.api)
         assert core.read_namespaced_service_account("tenant-a-runtime", NAMESPACE)
-        assert core.read_namespaced_config_map("tenant-a-runtime-live-settings", NAMESPACE)
         assert custom.get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", "airuntime"
         )

@@ -27,7 +27,8 @@ def test_env_carries_every_pool_setting() -> None:
 
     env = _env(spec)
 
-    assert list(env)[: len(OPERATOR_MANAGED_ENV)] == list(OPERATOR_MANAGED_ENV)
+    managed = [e for e in OPERATOR_MANAGED_ENV if e != "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS"]
+    assert list(env)[: len(managed)] == managed  # the pod takes that one from the tenant
     assert env["AIRUNTIME_REDIS_URL"] == {
         "secretKeyRef": {"name": "redis-credentials", "key": "url"}
     }
@@ -84,9 +85,12 @@ def test_live_setting_does_not_change_the_pod_template() -> None:
 
     assert before["spec"]["template"] == after["spec"]["template"]
     assert before["metadata"]["annotations"] == after["metadata"]["annotations"]
-    assert deployments.config_map(REF, _spec(maxConcurrentStepTasks=50))["data"] == {
-        "maxConcurrentStepTasks": "50"
+    env = {e["name"]: e for e in before["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["AIRUNTIME_STEP_SLOTS_FROM_TENANT"] == {
+        "name": "AIRUNTIME_STEP_SLOTS_FROM_TENANT",
+        "value": "true",
     }
+    assert "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS" not in env
 
 
 @pytest.mark.parametrize(
@@ -108,16 +112,13 @@ def test_other_settings_change_the_template_hash(change: dict[str, Any]) -> None
 def test_every_object_is_labelled_and_owned_by_the_pool() -> None:
     objects = deployments.children(REF, _spec(), image="img")
 
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "ConfigMap", "Service", "Deployment"]
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "Deployment"]
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert labels["airuntime.io/tenant"] == "acme"
         assert labels["airuntime.io/prefix"] == "acme-rt"
         assert labels["app.kubernetes.io/managed-by"] == "airuntime-operator"
         assert obj["metadata"]["ownerReferences"] == [REF.owner_reference()]
-    service = objects[2]
-    assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["selector"] == deployments.selector_labels(_spec())
 
 
 PLATFORM = {

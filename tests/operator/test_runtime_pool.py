@@ -14,6 +14,7 @@ import pytest
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
 from airuntime.k8s.v1alpha1 import API_GROUP, API_VERSION, RUNTIME_POOL
+from airuntime_operator import deployments
 from tests.operator.k8s import Cluster, eventually, pool_spec, unique
 from tests.operator.runtimes import RuntimeLauncher, RuntimeSpec
 
@@ -35,7 +36,7 @@ def _container(deployment: dict[str, Any]) -> dict[str, Any]:
     return dict(container)
 
 
-async def test_pool_becomes_deployment_with_service_account_and_service(
+async def test_pool_becomes_a_deployment_with_its_service_account_and_nothing_else(
     cluster: Cluster, namespace: str, registry: Registry
 ) -> None:
     tenant, prefix = unique("tenant"), unique("rt")
@@ -61,10 +62,13 @@ async def test_pool_becomes_deployment_with_service_account_and_service(
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert env["AIRUNTIME_STEP_SLOTS_FROM_TENANT"]["value"] == "true"
+    assert "AIRUNTIME_MAX_CONCURRENT_STEP_TASKS" not in env  # read from the tenant settings
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == prefix
     assert cluster.read("ServiceAccount", namespace, prefix) is not None
-    service = cluster.read("Service", namespace, prefix)
-    assert service is not None and service["spec"]["clusterIP"] == "None"
-    assert cluster.read("ConfigMap", namespace, f"{prefix}-live-settings") is not None
+    # Two objects per pool: no live-settings ConfigMap, no headless Service.
+    assert cluster.read("Service", namespace, prefix) is None
+    assert cluster.read("ConfigMap", namespace, f"{prefix}-live-settings") is None
 
     status = pool["status"]
     assert status["desiredReplicas"] == 2
@@ -123,8 +127,6 @@ async def test_max_concurrent_step_tasks_changes_live_without_a_rollout(
     assert after["spec"]["template"] == before["spec"]["template"]
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert (await registry.tenant(tenant)).max_concurrent_step_tasks == 40
-    live = cluster.read("ConfigMap", namespace, f"{prefix}-live-settings")
-    assert live is not None and live["data"] == {"maxConcurrentStepTasks": "40"}
 
 
 @pytest.mark.parametrize(
@@ -212,10 +214,24 @@ async def test_delete_removes_objects_tenant_settings_and_registry_entries(
     cluster: Cluster, namespace: str, registry: Registry, runtimes: RuntimeLauncher
 ) -> None:
     tenant, prefix = unique("tenant"), unique("rt")
-    cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix))
+    created = cluster.create_pool(namespace, "pool", pool_spec(tenant, prefix))
     await eventually(lambda: cluster.reconciled_pool(namespace, "pool"), what="reconcile")
     await runtimes.start(RuntimeSpec(f"{prefix}-a", tenant, prefix))
     assert tenant in await registry.tenant_ids()
+    # What an operator before 0.2 also made for the pool: its deletion removes them too
+    # (this API server runs no garbage collector to do it for the owner reference).
+    owner = deployments.PoolRef("pool", namespace, created["metadata"]["uid"]).owner_reference()
+    meta = {"namespace": namespace, "ownerReferences": [owner]}
+    cluster.core.create_namespaced_config_map(
+        namespace, {"metadata": {**meta, "name": f"{prefix}-live-settings"}, "data": {"k": "1"}}
+    )
+    cluster.core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {**meta, "name": prefix},
+            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 8080}]},
+        },
+    )
 
     cluster.delete_pool(namespace, "pool")
 

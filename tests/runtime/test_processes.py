@@ -12,10 +12,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.fleet.providers import RedisProvider
+from airuntime.fleet.registry import Registry
 from airuntime.k8s.v1alpha1 import RuntimePoolSpec
 from airuntime_operator.deployments import runtime_env
 from tests.conftest import RedisServerInfo
@@ -196,7 +199,7 @@ def _pod_env(spec: RuntimePoolSpec, redis_url: str, pod_name: str) -> dict[str, 
         "AIRUNTIME_REDIS_URL": redis_url,  # secretKeyRef
         "AIRUNTIME_INSTANCE_ID": pod_name,  # fieldRef metadata.name
         "AIRUNTIME_ADVERTISE_HOST": "127.0.0.1",  # fieldRef status.podIP
-    }  # the optional ConfigMap key of the step-task limit is absent: unset
+    }
     env = {e["name"]: e.get("value", resolved.get(e["name"])) for e in runtime_env(spec)}
     env["AIRUNTIME_HTTP_PORT"] = "0"  # a pod's port is fixed; here, any free one
     return {name: value for name, value in env.items() if value is not None}
@@ -215,12 +218,20 @@ async def test_a_runtime_configured_only_by_the_operators_pod_env_is_its_pools_i
             "maxConcurrentRunsPerInstance": 2,
             "localQueueCapacity": 40,
             "maxLocalWorkersPerExecution": 3,
+            "maxConcurrentStepTasks": 7,
             "redis": {"name": "redis-credentials", "key": "url"},
         }
     )
     env = _pod_env(spec, redis_server.url, "acme-rt-5d8f-x2x9q")
     assert env["AIRUNTIME_TENANT_GROUP_ID"] == "", "no group: the operator writes it empty"
-    proc = await _spawn_runtime(None, tmp_path, **env)
+    # The operator publishes the pool's tenant settings; the pod has no step-task limit
+    # of its own and takes the pool's before its first run.
+    client = Redis.from_url(redis_server.url)
+    try:
+        await Registry(client).put_tenant(spec.tenant_settings())
+    finally:
+        await client.aclose()
+    proc = await _spawn_runtime(None, tmp_path, **env, AIRUNTIME_RUNTIME_TOKEN="pod-token")
     try:
         assert (await _ready(proc))["instances"] == ["acme-rt-5d8f-x2x9q"]
         desc = (await _listed(redis_server.url))["acme-rt-5d8f-x2x9q"]
@@ -234,6 +245,10 @@ async def test_a_runtime_configured_only_by_the_operators_pod_env_is_its_pools_i
         assert (capacity["worker_count"], capacity["max_concurrent_runs"]) == (6, 2)
         assert (capacity["queue_capacity"], capacity["max_local_workers_per_execution"]) == (40, 3)
         assert desc["endpoint"].startswith("http://127.0.0.1:")
+        async with httpx.AsyncClient(base_url=desc["endpoint"]) as http:
+            settings = await http.get("/v1/settings", headers={"authorization": "Bearer pod-token"})
+        assert settings.status_code == 200, settings.text
+        assert settings.json() == {"max_concurrent_step_tasks": 7}
         assert await _terminated(proc) == 0
     finally:
         await _killed(proc)
