@@ -33,6 +33,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.redis_client import connect
 from airuntime.core.supervision import Supervisor
 from airuntime.devstack.embedded import EmbeddedServer
 from airuntime.engine.execution_store import ExecutionStore
@@ -76,7 +77,7 @@ async def run_executions(redis: Redis, n: int, archive: bool) -> float:
 
 
 async def archive_throughput(url: str, dsn: str, n: int) -> dict[str, Any]:
-    redis = Redis.from_url(url)
+    redis = connect(url)
     await redis.flushdb()
     await run_executions(redis, n, archive=True)
     history = await open_history_store(dsn)
@@ -116,7 +117,7 @@ async def engine_overhead(url: str, dsn: str, n: int, rounds: int = 3) -> dict[s
     """Steps/s with archiving off and on, alternated ``rounds`` times (off, on, off, on:
     neither side always runs on the fuller Redis); the archiver drains the outbox from
     another process while the executions run."""
-    redis = Redis.from_url(url)
+    redis = connect(url)
     await redis.flushdb()
     await run_executions(redis, min(n, 200), archive=False)  # warm-up
     offs: list[float] = []
@@ -164,7 +165,7 @@ async def _run_fanouts(redis: Redis, n: int, archive: bool) -> float:
 async def fanout_overhead(url: str, dsn: str, n: int = 8, rounds: int = 5) -> dict[str, Any]:
     """The same on/off comparison on the engine benchmark's DAG: few, large executions
     (the diamonds above are the archiver's worst case: many small ones)."""
-    redis = Redis.from_url(url)
+    redis = connect(url)
     await redis.flushdb()
     await _run_fanouts(redis, 1, archive=False)  # warm-up
     offs: list[float] = []
@@ -191,7 +192,7 @@ async def fanout_overhead(url: str, dsn: str, n: int = 8, rounds: int = 5) -> di
 
 async def archive_forever(url: str, dsn: str) -> None:
     """``--archiver URL DSN``: the child process of :func:`engine_overhead`."""
-    redis = Redis.from_url(url)
+    redis = connect(url)
     history = await open_history_store(dsn)
     supervisor = Supervisor("bench-archiver")
     archiver = ExecutionArchiver(redis, history)  # as the control plane runs it

@@ -13,6 +13,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from airuntime.core.resp_packing import use_hiredis_packing
+
 
 class CountingRedis(Redis):
     """``redis.asyncio.Redis`` that counts client round trips in ``round_trips``."""
@@ -29,9 +31,11 @@ class CountingRedis(Redis):
 
 
 def connect(url: str, **options: Any) -> CountingRedis:
-    """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``); bytes replies."""
+    """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``); bytes replies;
+    commands packed by hiredis (:mod:`airuntime.core.resp_packing`)."""
     options.setdefault("health_check_interval", 30)
     options.setdefault("socket_keepalive", True)
     client = CountingRedis.from_url(url, **options)
     assert isinstance(client, CountingRedis)
+    use_hiredis_packing(client)
     return client

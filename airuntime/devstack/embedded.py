@@ -63,6 +63,7 @@ from typing import Any, Self
 import redis
 import redis.asyncio
 
+from airuntime.core.resp_packing import use_hiredis_packing
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.child_process import LOOPBACK as _LOOPBACK
 from airuntime.devstack.child_process import SPAWNER, free_port, make_preexec
@@ -540,6 +541,7 @@ async def open_redis(
             f"no Redis URL: pass one or set {REDIS_URL_ENV} (or use redis_for_process())"
         )
     client = redis.asyncio.Redis.from_url(resolved, decode_responses=decode_responses, **kwargs)
+    use_hiredis_packing(client)
     try:
         await client.ping()
     except BaseException as exc:

@@ -84,12 +84,18 @@ class Captured:
     events: list[ArchivedEvent]
 
 
+def _text(fields: dict[Any, Any]) -> dict[str, str]:
+    try:  # the archiver's clients answer bytes
+        return {k.decode(): v.decode() for k, v in fields.items()}
+    except AttributeError:  # a client that decodes replies itself
+        return {_s(k): _s(v) for k, v in fields.items()}
+
+
 def _events(eid: str, raw: list[Any]) -> list[ArchivedEvent]:
-    out: list[ArchivedEvent] = []
-    for seq, (entry_id, fields) in enumerate(raw):
-        f = {_s(k): _s(v) for k, v in fields.items()}
-        out.append(ArchivedEvent(eid, seq, _s(entry_id), f.get("type", ""), f))
-    return out
+    return [
+        ArchivedEvent.from_stream(eid, seq, _s(entry_id), _text(fields))
+        for seq, (entry_id, fields) in enumerate(raw)
+    ]
 
 
 def _run_id(events: list[ArchivedEvent]) -> str | None:
@@ -166,7 +172,7 @@ async def capture_executions(
         if not raw_meta:
             out[eid] = None
             continue
-        m = {_s(k): _s(v) for k, v in raw_meta.items()}
+        m = _text(raw_meta)
         # `terminal` and the snapshot are written by the same finalize script, so a
         # meta that says terminal has its snapshot; the plan is written at creation.
         if not m.get("terminal") or snapshot is None or plan is None:

@@ -50,8 +50,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""One encoder for every column (``json.dumps`` with options builds one per call)."""
+
+
 def _dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def _object(table: str, key: str, column: str, text: Any, *, optional: bool = False) -> Any:

@@ -1,0 +1,75 @@
+"""Commands packed by hiredis are the bytes redis-py's own packer writes, and reach a
+real server through every client airuntime makes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.exceptions import DataError
+
+from airuntime.core.redis_client import connect
+from airuntime.core.resp_packing import HiredisPacking, use_hiredis_packing
+from tests.conftest import RedisServerInfo
+
+PYTHON = Connection()
+HIREDIS = use_hiredis_packing(Redis()).connection_pool.connection_class()
+
+ARGUMENT = st.one_of(
+    st.text(),
+    st.binary(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@given(st.sampled_from(["SET", "EVALSHA", "CONFIG GET", b"HSET", b"CLIENT SETNAME"]),
+       st.lists(ARGUMENT, max_size=40))  # fmt: skip
+def test_the_bytes_are_the_python_packers(command: str | bytes, args: list[Any]) -> None:
+    expected = b"".join(PYTHON.pack_command(command, *args))
+    assert b"".join(HIREDIS.pack_command(command, *args)) == expected
+
+
+def test_buffers_are_packed_as_their_bytes() -> None:
+    packed = HIREDIS.pack_command("SET", bytearray(b"k"), memoryview(b"\x00v"))
+    assert b"".join(packed) == b"".join(PYTHON.pack_command("SET", b"k", b"\x00v"))
+
+
+@pytest.mark.parametrize("bad", [None, True, object()], ids=["none", "bool", "object"])
+def test_an_argument_no_packer_accepts_is_a_data_error(bad: object) -> None:
+    with pytest.raises(DataError):
+        PYTHON.pack_command("SET", "k", bad)
+    with pytest.raises(DataError):
+        HIREDIS.pack_command("SET", "k", bad)
+
+
+def test_the_url_still_chooses_the_transport() -> None:
+    tcp = use_hiredis_packing(Redis.from_url("redis://127.0.0.1:1"))
+    unix = use_hiredis_packing(Redis.from_url("unix:///tmp/none.sock"))
+    for client, transport in ((tcp, Connection), (unix, UnixDomainSocketConnection)):
+        cls = client.connection_pool.connection_class
+        assert issubclass(cls, HiredisPacking) and issubclass(cls, transport)
+    assert use_hiredis_packing(tcp).connection_pool.connection_class is (
+        tcp.connection_pool.connection_class
+    ), "applied twice, wrapped once"
+
+
+async def test_a_connected_client_speaks_to_the_server_through_it(
+    redis_server: RedisServerInfo,
+) -> None:
+    client = connect(redis_server.url)
+    try:
+        assert issubclass(client.connection_pool.connection_class, HiredisPacking)
+        value = "ключ \x00 " * 1000  # larger than redis-py's buffer cutoff
+        await client.set("packing:k", value)
+        assert (await client.get("packing:k")) == value.encode()
+        keys = [f"packing:{{t}}:{i}" for i in range(30)]
+        script = "for i, k in ipairs(KEYS) do redis.call('SET', k, ARGV[i]) end return #KEYS"
+        assert await client.eval(script, len(keys), *keys, *range(30)) == 30
+        assert await client.mget(keys) == [str(i).encode() for i in range(30)]
+    finally:
+        await client.aclose()
