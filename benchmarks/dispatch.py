@@ -86,6 +86,7 @@ from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.redis_client import connect
 from airuntime.devstack.embedded import EmbeddedServer
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -308,7 +309,7 @@ def _result(
 async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate: float) -> Result:
     # Three instances and a control plane share this client; deployed, each is its own
     # process with its own pool of 100 connections, so the pool here is that large.
-    redis = Redis.from_url(url, max_connections=100 * (INSTANCES + 1))
+    redis = connect(url, max_connections=100 * (INSTANCES + 1))
     await redis.flushdb()
     host, cp = _stack(redis, runs)
     offset = await _clock_offset_ms(redis)

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, TypeVar
 from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
+from airuntime.engine.execution_store import merged_inputs
 from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
 from airuntime.engine.status import ExecutionStatus
+from airuntime.engine.worker_pool import KnownExecution
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from runtime_pod.transient import TRANSIENT_ERRORS, retry_transient
 
@@ -110,9 +112,12 @@ class Participation:
             await self._finish(RunStatus.FAILED, str(exc))
             return
         await self._started()
+        known = KnownExecution(
+            plan, merged_inputs(plan, self.request.inputs), self.record.snapshot.tenant_id
+        )
         try:
             final = await self._retry(
-                "executing", lambda: self.inst.pool.run(eid, workers=self.workers)
+                "executing", lambda: self.inst.pool.run(eid, workers=self.workers, known=known)
             )
         except AirError as exc:
             await self._finish(RunStatus.FAILED, str(exc))

@@ -224,6 +224,12 @@ def _parse_claims(
     return claims, i
 
 
+def merged_inputs(plan: Plan, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The inputs an execution of ``plan`` runs with: the plan's defaults, overridden by
+    the run's ``inputs`` (what :meth:`ExecutionStore.create` stores)."""
+    return {**plan.inputs, **(inputs or {})}
+
+
 class ExecutionStore:
     """Create, claim, complete, fail, control and read executions in Redis."""
 
@@ -262,8 +268,9 @@ class ExecutionStore:
         and sets this fallback TTL (0: none); the archiver sets ``retention_s`` once it
         has durably archived the execution."""
         eid = execution_id or f"ex-{uuid.uuid4().hex}"
-        run_inputs = {**plan.inputs, **(inputs or {})}
-        args = _create_args(eid, plan, context, run_inputs, retention_s, archive_hold_s)
+        args = _create_args(
+            eid, plan, context, merged_inputs(plan, inputs), retention_s, archive_hold_s
+        )
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)

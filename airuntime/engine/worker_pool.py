@@ -26,6 +26,8 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from airuntime.core.transient import retry_transient
 from airuntime.engine.concurrency import AdmissionPolicy, ConcurrencyLeases, ZeroLimitPolicy
@@ -34,6 +36,7 @@ from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.participation import Participation
 from airuntime.engine.payloads import PayloadOffload
+from airuntime.engine.pipeline import Plan
 from airuntime.engine.pool_settings import (
     AttemptOutcome,
     PoolSettings,
@@ -45,6 +48,7 @@ from airuntime.engine.status import ExecutionStatus
 
 __all__ = [
     "AttemptOutcome",
+    "KnownExecution",
     "PoolSettings",
     "PoolStats",
     "StepObserver",
@@ -52,6 +56,17 @@ __all__ = [
     "WorkerPool",
     "default_pool_id",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class KnownExecution:
+    """An execution as the process that just created it knows it: the plan it stored,
+    the inputs it runs with (:func:`~airuntime.engine.execution_store.merged_inputs`)
+    and its tenant (the context snapshot's). Joining with it skips three reads."""
+
+    plan: Plan
+    run_inputs: dict[str, Any]
+    tenant_id: str
 
 
 def default_pool_id() -> str:
@@ -89,19 +104,31 @@ class WorkerPool:
         """The control-channel subscription while the pool participates in anything."""
         self._participations: dict[str, set[Participation]] = {}
 
-    async def run(self, execution_id: str, *, workers: int | None = None) -> ExecutionStatus:
+    async def run(
+        self,
+        execution_id: str,
+        *,
+        workers: int | None = None,
+        known: KnownExecution | None = None,
+    ) -> ExecutionStatus:
         """Participate in ``execution_id`` until it is finalized; return its terminal status.
         A Redis outage delays this (the participation waits for the server), it does not
-        end it."""
+        end it. ``known``: what the caller that created the execution holds (its plan,
+        inputs and tenant), so joining reads nothing back from Redis."""
         n = workers if workers is not None else self.settings.workers
         if n < 1:
             raise ValueError(f"workers must be >= 1, got {n}")
-        participation = await retry_transient(
-            lambda: self._participation(execution_id, n),
-            what=f"joining {execution_id}",
-            backoff=self.settings.redis_backoff,
-            on_error=self._redis_error,
-        )
+        if known is not None:
+            participation = Participation(
+                self, execution_id, known.plan, known.run_inputs, known.tenant_id, n
+            )
+        else:
+            participation = await retry_transient(
+                lambda: self._participation(execution_id, n),
+                what=f"joining {execution_id}",
+                backoff=self.settings.redis_backoff,
+                on_error=self._redis_error,
+            )
         self._enter(participation)
         try:
             return await participation.run()

@@ -19,6 +19,7 @@ from airuntime.control_plane.api import create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
+from airuntime.core import keys
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
@@ -215,3 +216,52 @@ async def test_drain_with_stop_on_failure_stops_at_the_first_failed_delivery(
     assert (went_on["dispatched"], went_on["failed"], went_on["stopped"]) == (1, 1, "empty")
     assert (await cp.queue.item(behind))["status"] == "Dispatched"
     assert (await cp.queue.item(failing))["status"] == "Pending"
+
+
+async def test_settings_change_whole_by_admin_and_step_slots_by_the_tenants_operators(
+    api: Any, redis: Redis
+) -> None:
+    client, cp = api
+    path = "/v1/tenants/tenant-a/settings"
+    settings = (await client.get(path, headers=auth("admin-x"))).json()
+    changed = {**settings, "max_concurrent_runs": 7, "allowed_handlers": ["echo"]}
+    resp = await client.put(path, json=changed, headers=auth("admin-x"))
+    assert resp.status_code == 200, resp.text
+    stored = await cp.registry.tenant("tenant-a")
+    assert (stored.max_concurrent_runs, stored.allowed_handlers) == (7, ("echo",))
+    # Only an admin changes settings whole; a body must be the path's tenant, valid and
+    # without unknown fields; a refusal writes nothing.
+    before = await redis.dump(keys.tenant_settings("tenant-a"))
+
+    async def put(body: dict[str, Any], who: str | None) -> httpx.Response:
+        return await client.put(path, json=body, headers=auth(who) if who else {})
+
+    refused = [
+        (await put(changed, "alice-a"), 403, "admin"),
+        (await put(changed, "viewer-a"), 403, "admin"),
+        (await put(changed, None), 401, "bearer"),
+        (await put({**changed, "tenant_id": "tenant-b"}, "admin-x"), 422, "tenant_id"),
+        (await put({**changed, "workers_per_instance": 0}, "admin-x"), 422, "workers_per_instance"),
+        (await put({**changed, "surprise": 1}, "admin-x"), 422, "surprise"),
+    ]
+    for resp, status, needle in refused:
+        assert (resp.status_code, needle in resp.text) == (status, True), resp.text
+    assert await redis.dump(keys.tenant_settings("tenant-a")) == before
+
+    slots = "/v1/tenants/tenant-a/step-slots"
+    resp = await client.put(slots, json={"limit": 3}, headers=auth("alice-a"))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["max_concurrent_step_tasks"] == 3
+    assert (await cp.registry.tenant("tenant-a")).max_concurrent_runs == 7, "only the limit"
+    for resp, status, needle in [
+        (await client.put(slots, json={"limit": 4}, headers=auth("bob-b")), 404, "not found"),
+        (await client.put(slots, json={"limit": 4}, headers=auth("viewer-a")), 403, "cancel"),
+        (await client.put(slots, json={"limit": -1}, headers=auth("alice-a")), 422, "limit"),
+        (await client.put(slots, json={"limit": "x"}, headers=auth("alice-a")), 422, "limit"),
+    ]:
+        assert (resp.status_code, needle in resp.text) == (status, True), resp.text
+    assert (await cp.registry.tenant("tenant-a")).max_concurrent_step_tasks == 3
+    other = await client.put(
+        "/v1/tenants/tenant-b/step-slots", json={"limit": 9}, headers=auth("admin-x")
+    )
+    assert other.status_code == 200 and other.json()["max_concurrent_step_tasks"] == 9

@@ -138,6 +138,8 @@ OPERATIONS: Final = [
     ("POST", "/v1/queue/drain"),
     ("GET", "/v1/instances"),
     ("GET", "/v1/tenants/{tenant_id}/settings"),
+    ("PUT", "/v1/tenants/{tenant_id}/settings"),
+    ("PUT", "/v1/tenants/{tenant_id}/step-slots"),
 ]
 
 WITHOUT_INPUT: Final = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}

@@ -281,6 +281,30 @@ async def _tenant_settings(world: World) -> None:
     assert (await world.call("GET", "/v1/tenants/tenant-a/settings", NOBODY)).status_code == 401
 
 
+async def _put_tenant_settings(world: World) -> None:
+    path = "/v1/tenants/tenant-a/settings"
+    before = (await world.call("GET", path, ALICE)).json()
+    changed = {**before, "max_concurrent_runs": 99}
+    for who, status in ((BOB, 403), (ALICE, 403), (NOBODY, 401)):  # admins only
+        resp = await world.call("PUT", path, who, changed)
+        assert resp.status_code == status, resp.text
+        assert "tenant-a-runtime" not in resp.text
+    assert (await world.call("GET", path, ALICE)).json() == before
+
+
+async def _put_step_slots(world: World) -> None:
+    before = (await world.call("GET", "/v1/tenants/tenant-a/settings", ALICE)).json()
+    resp = await world.call("PUT", "/v1/tenants/tenant-a/step-slots", BOB, {"limit": 1})
+    assert resp.status_code == 404, resp.text
+    assert "runtime_prefix" not in resp.text and "tenant-a-runtime" not in resp.text
+    assert (
+        await world.call("PUT", "/v1/tenants/tenant-a/step-slots", NOBODY, {"limit": 1})
+    ).status_code == 401
+    assert (await world.call("GET", "/v1/tenants/tenant-a/settings", ALICE)).json() == before
+    own = await world.call("PUT", "/v1/tenants/tenant-b/step-slots", BOB, {"limit": 5})
+    assert own.status_code == 200 and own.json()["tenant_id"] == "tenant-b"
+
+
 def _run_route(method: str, suffix: str, body: dict[str, Any] | None = None) -> Replay:
     """A replay of a route on one of A's runs: B gets 404 and nothing of A's, nobody 401;
     a steering route changes nothing of A's run."""
@@ -414,6 +438,8 @@ REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("POST", "/v1/queue/drain"): _drain,
     ("GET", "/v1/instances"): _instances,
     ("GET", "/v1/tenants/{tenant_id}/settings"): _tenant_settings,
+    ("PUT", "/v1/tenants/{tenant_id}/settings"): _put_tenant_settings,
+    ("PUT", "/v1/tenants/{tenant_id}/step-slots"): _put_step_slots,
     **CONSOLE,
 }
 TENANT_FREE: Final[dict[tuple[str, str], str]] = {

@@ -1,5 +1,6 @@
 """``/v1/instances`` and ``/v1/tenants``: the runtime instances and the tenant settings a
-caller may see."""
+caller may see, and the settings an operator or an admin may change (the same
+operations as the MCP tools ``set_tenant_settings`` and ``set_step_slots``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,24 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from airuntime.control_plane.api import operations
-from airuntime.control_plane.api.deps import AUTHENTICATED, Context, Reader, error
-from airuntime.control_plane.api.models import InstanceView
+from airuntime.control_plane.api.deps import (
+    AUTHENTICATED,
+    WITH_BODY,
+    Admin,
+    Canceller,
+    Context,
+    Reader,
+    error,
+)
+from airuntime.control_plane.api.models import InstanceView, StepSlotsRequest
+from airuntime.control_plane.api.operations import InvalidField
+from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.rbac import TENANT_ID_PATTERN
 from airuntime.fleet.tenancy import TenantSettings
 
-router = APIRouter(prefix="/v1", tags=["fleet"], responses=AUTHENTICATED)
+router = APIRouter(
+    prefix="/v1", tags=["fleet"], route_class=StrictJsonRoute, responses=AUTHENTICATED
+)
 
 TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN, description="A tenant id (DNS label).")]
 
@@ -32,3 +45,39 @@ async def instances(who: Reader, context: Context) -> list[InstanceView]:
 )
 async def tenant_settings(tenant_id: TenantId, who: Reader, context: Context) -> TenantSettings:
     return await operations.tenant_settings(context, who, tenant_id)
+
+
+@router.put(
+    "/tenants/{tenant_id}/settings",
+    response_model=TenantSettings,
+    # 422 (FastAPI's validation error, documented by default): invalid settings, or a
+    # body naming another tenant than the path (``tenant_id``).
+    responses={**WITH_BODY, 403: error("The caller lacks the admin capability.")},
+)
+async def put_tenant_settings(
+    tenant_id: TenantId, settings: TenantSettings, who: Admin, context: Context
+) -> TenantSettings:
+    """Store a tenant's settings whole (admin): admission reads them at the next
+    dispatch; the tenant's runtimes apply ``max_concurrent_step_tasks`` live."""
+    if settings.tenant_id != tenant_id:
+        raise InvalidField(
+            "tenant_id", f"{settings.tenant_id!r} is not the tenant of the path, {tenant_id!r}"
+        )
+    return await operations.put_tenant_settings(context, who, settings)
+
+
+@router.put(
+    "/tenants/{tenant_id}/step-slots",
+    response_model=TenantSettings,
+    responses={
+        **WITH_BODY,
+        403: error("The caller lacks the cancel capability (operators have it)."),
+        404: error("Not the caller's tenant."),
+    },
+)
+async def set_step_slots(
+    tenant_id: TenantId, body: StepSlotsRequest, who: Canceller, context: Context
+) -> TenantSettings:
+    """Change how many step handlers the tenant's runtimes run at once (its own tenant,
+    or any as admin); the runtimes apply it live."""
+    return await operations.set_step_slots(context, who, tenant_id, body.limit)

@@ -131,6 +131,15 @@ class DrainRequest(_Body):
     )
 
 
+class StepSlotsRequest(_Body):
+    limit: int = Field(
+        ge=0,
+        le=1_000_000,
+        description="Step handlers the tenant's runtimes run at once (0 = unlimited); "
+        "applied live, no restart.",
+    )
+
+
 class DrainResponse(_Body):
     dispatched: int
     failed: int
