@@ -1,4 +1,4 @@
-"""Retention: Redis holds what the control plane wrote for a bounded time, not forever.
+"""Retention: RedisClient holds what the control plane wrote for a bounded time, not forever.
 
 Why this module exists: every shared run leaves a record, index entries, a queue item
 and possibly scale-out records; without pruning Redis grows with every submission.
@@ -30,11 +30,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutRequest, ScaleOutStore
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext
 
 __all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
@@ -77,7 +76,7 @@ class Retention:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         runs: SharedRunStore,
         scale_outs: ScaleOutStore,
         policy: RetentionPolicy | None = None,

@@ -63,6 +63,7 @@ from typing import Any, Self
 import redis
 import redis.asyncio
 
+from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.child_process import LOOPBACK as _LOOPBACK
 from airuntime.devstack.child_process import SPAWNER, free_port, make_preexec
@@ -526,7 +527,7 @@ def resolve_redis_url(url: str | None = None) -> str | None:
 
 async def open_redis(
     url: str | None = None, *, decode_responses: bool = False, **kwargs: Any
-) -> redis.asyncio.Redis:
+) -> RedisClient:
     """Connect to ``url`` (or ``$AIRUNTIME_REDIS_URL``) and return a checked client.
 
     The client is PINGed before it is returned, so a wrong URL fails here with the
@@ -539,7 +540,7 @@ async def open_redis(
         raise EmbeddedServerError(
             f"no Redis URL: pass one or set {REDIS_URL_ENV} (or use redis_for_process())"
         )
-    client = redis.asyncio.Redis.from_url(resolved, decode_responses=decode_responses, **kwargs)
+    client = connect(resolved, decode_responses=decode_responses, **kwargs)
     try:
         await client.ping()
     except BaseException as exc:

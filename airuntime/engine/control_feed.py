@@ -23,9 +23,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import Backoff, LoopContext, Supervisor
 
 __all__ = ["ControlFeed", "Notice"]
@@ -37,7 +36,7 @@ Notice = Callable[[str | None], None]
 class ControlFeed:
     """Subscribe to the control channel and report each notice (see module doc)."""
 
-    def __init__(self, redis: Redis, notice: Notice, *, owner: str, backoff: Backoff) -> None:
+    def __init__(self, redis: RedisClient, notice: Notice, *, owner: str, backoff: Backoff) -> None:
         self._redis = redis
         self._notice = notice
         self._supervisor = Supervisor(f"control-feed:{owner}", backoff=backoff)

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, ScriptError, error_for
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
@@ -227,7 +226,7 @@ def _parse_claims(
 class ExecutionStore:
     """Create, claim, complete, fail, control and read executions in Redis."""
 
-    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
+    def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
         self.redis = redis
         self.scripts = scripts or library()
 

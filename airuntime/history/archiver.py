@@ -1,6 +1,6 @@
 """The archiver: finalized executions go from Redis to the durable history, once in effect.
 
-Why this exists: Redis holds a finished execution only until its retention TTL; the
+Why this exists: RedisClient holds a finished execution only until its retention TTL; the
 history keeps it for good. Finalization (the ``finalize`` Lua include) queues the
 execution id on the archive outbox (``air:archive:outbox``) in the same atomic step and
 gives the keys a long fallback TTL instead of the retention TTL. This loop:
@@ -31,9 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
 from airuntime.history.errors import HistoryError, HistoryUnavailable
@@ -107,7 +106,7 @@ def _run_record(run_id: str, values: list[Any]) -> dict[str, str]:
     return {n: _s(v) for n, v in zip(_RUN_FIELDS, values, strict=True) if v is not None}
 
 
-async def _read_run_records(redis: Redis, run_ids: list[str]) -> list[dict[str, str]]:
+async def _read_run_records(redis: RedisClient, run_ids: list[str]) -> list[dict[str, str]]:
     """The runtime's run records (``air:run:<RunId>``), one round trip."""
     pipe = redis.pipeline(transaction=False)
     for rid in run_ids:
@@ -146,7 +145,7 @@ def _record(execution_id: str, hot: _Hot) -> ArchivedExecution:
 
 
 async def capture_executions(
-    redis: Redis, execution_ids: Sequence[str]
+    redis: RedisClient, execution_ids: Sequence[str]
 ) -> dict[str, Captured | Literal[False] | None]:
     """Each execution as Redis holds it (:func:`capture_execution`), in three round
     trips for the whole batch: the executions' keys; the run records of those that
@@ -199,7 +198,9 @@ async def capture_executions(
     return {eid: out[eid] for eid in execution_ids}
 
 
-async def capture_execution(redis: Redis, execution_id: str) -> Captured | Literal[False] | None:
+async def capture_execution(
+    redis: RedisClient, execution_id: str
+) -> Captured | Literal[False] | None:
     """The execution as Redis holds it; None when its keys are gone; False when it is
     not ready to archive (not finalized, or its runtime has not finished the run)."""
     return (await capture_executions(redis, [execution_id]))[execution_id]
@@ -210,7 +211,7 @@ class ExecutionArchiver:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         store: HistoryStore,
         *,
         batch: int = 256,
