@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
-from airuntime.core import keys
+from airuntime.core.execution_layout import execution_keys_for
 from airuntime.core.redis_client import RedisClient
 from airuntime.fleet.run_index import RunIndex
 from airuntime.history.records import ArchivedExecution
@@ -206,7 +206,7 @@ class MaterialLoader:
         )
 
     async def _hot_execution(self, execution_id: str, tenant_id: str) -> ExecutionMaterial | None:
-        ek = keys.execution_keys(execution_id)
+        ek = execution_keys_for(self.redis, execution_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(ek.meta)
         pipe.get(ek.plan)

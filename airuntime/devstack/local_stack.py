@@ -4,7 +4,7 @@ Starts (or uses) Redis — by default a private embedded Valkey —, loads the t
 settings file into the tenant settings store, runs the control plane with its
 background pump, scale-out watcher, requeuer and the ``local`` scale-out provider
 (which starts ``airt runtime`` processes per tenant prefix on demand), and serves the
-HTTP API. It writes a state file (``$AIRUNTIME_HOME/up.json``: RedisClient URL, API URL,
+HTTP API. It writes a state file (``$AIRUNTIME_HOME/up.json``: Redis URL, API URL,
 one development token per tenant) so ``airt submit``/``drain``/``runs`` find it.
 Ctrl-C stops everything, runtime processes included.
 """

@@ -61,7 +61,7 @@ class CapacityDescriptor(BaseModel):
     is_queue_paused: bool
     can_accept_run: bool
     snapshot_at_ms: int
-    """When this capacity was published, RedisClient time (ms; see the module docstring)."""
+    """When this capacity was published, Redis time (ms; see the module docstring)."""
 
     @staticmethod
     def compute(

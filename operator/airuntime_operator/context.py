@@ -13,7 +13,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-
 from airuntime.core.redis_client import RedisClient, connect
 from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.k8s.client import KubeApi, load_configuration
