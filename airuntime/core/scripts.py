@@ -139,7 +139,10 @@ class ScriptLibrary:
     ) -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for keys, args in calls:
-            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
+            # execute_command: redis-py's cluster pipeline blocks its evalsha() method
+            # (it cannot reload scripts); NOSCRIPT is handled by call_many, and the
+            # cluster pipeline routes EVALSHA by its first key like any keyed command.
+            pipe.execute_command("EVALSHA", script.sha, script.num_keys, *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
 
 
