@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -136,7 +135,7 @@ def run_shards(shards: int, shape: str, executions: int) -> ShardRow:
 
 async def _work(url: str, eids: list[str]) -> int:
     """One worker process: participate in every execution at once; round trips made."""
-    client = connect(url, client_name=f"bench-worker:{os.getpid()}")
+    client = connect(url)
     assert isinstance(client, CountingRedisCluster)
     try:
         pool = WorkerPool(ExecutionStore(client), settings=PoolSettings(workers=SLOTS))

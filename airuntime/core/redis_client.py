@@ -20,6 +20,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline
@@ -39,6 +40,9 @@ __all__ = [
 CLUSTER_SCHEME = "redis+cluster"
 CLUSTER_ENV = "AIRUNTIME_REDIS_CLUSTER"
 
+CLUSTER_MAX_CONNECTIONS = 10_000
+"""Per node and client (the standalone client's pool has no practical cap either)."""
+
 RedisClient = Redis | RedisCluster
 """A client of a standalone server or of a cluster: what stores and loops are given."""
 
@@ -57,6 +61,28 @@ class CountingRedis(Redis):
         return super().pipeline(transaction=transaction, shard_hint=shard_hint)
 
 
+def _torn(exc: AttributeError) -> redis_errors.ConnectionError:
+    """redis-py's asyncio cluster client re-learns the slot map after a connection
+    error (a failover) and closes the nodes' connections while other coroutines are
+    still using them; their commands fail with an AttributeError on the closed
+    connection. It is a connection lost like any other: the engine retries it."""
+    return redis_errors.ConnectionError(f"connection closed under the command ({exc})")
+
+
+def _is_torn(exc: AttributeError) -> bool:
+    return "'NoneType' object has no attribute" in str(exc)
+
+
+class _CountingClusterPipeline(ClusterPipeline):
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except AttributeError as exc:
+            if _is_torn(exc):
+                raise _torn(exc) from exc
+            raise
+
+
 class CountingRedisCluster(RedisCluster):
     """``redis.asyncio.RedisCluster`` counting round trips like :class:`CountingRedis`
     (a pipeline counts once, though the cluster client sends one per node it spans)."""
@@ -65,11 +91,24 @@ class CountingRedisCluster(RedisCluster):
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         self.round_trips += 1
-        return await super().execute_command(*args, **kwargs)
+        if self._initialize:
+            # Learn the slot map before routing: redis-py routes the first commands of
+            # a fresh client (many at once, from a pool's participations) to nodes its
+            # own initialization then closes under them ("Connection lost", a
+            # connection without a writer). initialize() is locked and idempotent.
+            await self.initialize()
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except AttributeError as exc:
+            if _is_torn(exc):
+                raise _torn(exc) from exc
+            raise
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
         self.round_trips += 1
-        return super().pipeline(transaction=transaction, shard_hint=shard_hint)
+        if shard_hint:
+            return super().pipeline(transaction=transaction, shard_hint=shard_hint)
+        return _CountingClusterPipeline(self, transaction)  # type: ignore[abstract]  # as redis-py does
 
 
 def connection_options(client: RedisClient) -> dict[str, Any]:
@@ -85,7 +124,8 @@ def clone(client: RedisClient, **overrides: Any) -> RedisClient:
     calls); close it with ``aclose``."""
     if isinstance(client, RedisCluster):
         kwargs = {**connection_options(client), **overrides}
-        seeds = [ClusterNode(n.host, n.port) for n in client.get_nodes()]
+        known = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
+        seeds = [ClusterNode(n.host, n.port) for n in known]
         cls = type(client)
         return cls(startup_nodes=seeds, **_cluster_kwargs(kwargs))
     pool = client.connection_pool
@@ -147,9 +187,14 @@ def connect(url: str, **options: Any) -> CountingRedis | CountingRedisCluster:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``, or a cluster: see
     the module doc); bytes replies."""
     options.setdefault("health_check_interval", 30)
-    options.setdefault("socket_keepalive", True)
+    if not url.startswith("unix:"):
+        options.setdefault("socket_keepalive", True)
     if is_cluster_url(url):
         options.pop("db", None)
+        # redis-py's cluster client caps connections per node (100 by default) and
+        # treats hitting the cap as a connection error, which drops the node's other
+        # connections mid-command; a pool of many slots exceeds 100 calls in flight.
+        options.setdefault("max_connections", CLUSTER_MAX_CONNECTIONS)
         return _cluster(url, options)
     client = CountingRedis.from_url(url, **options)
     assert isinstance(client, CountingRedis)

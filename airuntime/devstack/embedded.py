@@ -33,7 +33,7 @@ Entry points
 * :func:`redis_for_process` - *synchronous* context manager yielding a URL: the
   value of ``AIRUNTIME_REDIS_URL`` if set, else the URL of an embedded server that
   lives for the duration of the block.
-* :func:`open_redis` - ``redis.asyncio.Redis`` for an explicit URL or
+* :func:`open_redis` - a client (:func:`airuntime.core.redis_client.connect`) for an explicit URL or
   ``AIRUNTIME_REDIS_URL``, checked with PING.
 * :func:`server_info_version` - ``("valkey", "8.1.8")`` / ``("redis", "7.0.15")``
   from ``INFO server``.
@@ -61,7 +61,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis
-import redis.asyncio
 
 from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import REDIS_URL_ENV

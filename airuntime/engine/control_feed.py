@@ -23,6 +23,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from redis.asyncio import RedisCluster
+
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import Backoff, LoopContext, Supervisor
@@ -72,6 +74,11 @@ class ControlFeed:
         self._subscribed()
 
     async def _listen(self, ctx: LoopContext) -> None:
+        if isinstance(self._redis, RedisCluster):
+            # A cluster client learns the slot map on its first command; a pub/sub
+            # connection opened before that is closed under the subscription by the
+            # client's own initialization (and may take a command's connection with it).
+            await self._redis.initialize()
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         connection: Any = None
         try:
