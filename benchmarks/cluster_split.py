@@ -45,8 +45,8 @@ from benchmarks.redis_probe import entries, stream_ms
 
 WORKER_PROCESSES = 2
 SLOTS = 64
-DEFAULT_EXECUTIONS = 24
-DEFAULT_SHAPE = "fanout-500"
+DEFAULT_EXECUTIONS = 96
+DEFAULT_SHAPE = "fanout-125"
 RUN_TIMEOUT_S = 300.0
 
 
