@@ -203,6 +203,33 @@ class LocalCluster:
         while server.running and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    def move_slot(self, slot: int, to_port: int, *, batch: int = 10) -> int:
+        """Reshard ``slot`` to the master on ``to_port`` the way ``valkey-cli --cluster
+        reshard`` does (IMPORTING/MIGRATING, MIGRATE ``batch`` keys at a time, then
+        SETSLOT NODE everywhere): clients meet ASK during the move, MOVED after it.
+        Returns the port that owned the slot."""
+        owners = {n.port: n for n in self.nodes() if n.master and not n.failed}
+        src_port = self._owner(slot)
+        src, dst = owners[src_port], owners[to_port]
+        with self._client(to_port) as target:
+            target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.node_id)
+            with self._client(src_port) as source:
+                source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.node_id)
+                while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                    source.execute_command("MIGRATE", LOOPBACK, to_port, "", 0, 5000, "KEYS", *keys)
+        for port in owners:
+            with self._client(port) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst.node_id)
+        return src_port
+
+    def _owner(self, slot: int) -> int:
+        for port in self._alive_ports():
+            with self._client(port) as client:
+                for start, end, *nodes in client.execute_command("CLUSTER", "SLOTS"):
+                    if int(start) <= slot <= int(end):
+                        return int(nodes[0][1])
+        raise EmbeddedServerError(f"no node serves slot {slot}")
+
     def wait_healthy(self, timeout: float | None = None) -> None:
         """Block until every live node says ``cluster_state:ok`` and all slots are
         served by live masters (after :meth:`kill`: the replica was promoted)."""
