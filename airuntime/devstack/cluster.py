@@ -188,7 +188,8 @@ class LocalCluster:
         alive = set(self._alive_ports())
         return [n.port for n in self.nodes() if n.master and not n.failed and n.port in alive]
 
-    def replicas_of_cluster(self) -> list[int]:
+    def replica_ports(self) -> list[int]:
+        """Ports of the live replicas."""
         alive = set(self._alive_ports())
         return [n.port for n in self.nodes() if not n.master and n.port in alive]
 
@@ -230,6 +231,11 @@ class LocalCluster:
                         return int(nodes[0][1])
         raise EmbeddedServerError(f"no node serves slot {slot}")
 
+    def stop_node(self, port: int) -> None:
+        """Stop the node on ``port`` gracefully (SHUTDOWN; its replica takes over after
+        ``node_timeout_ms`` like after :meth:`kill`)."""
+        self.server(port).stop()
+
     def wait_healthy(self, timeout: float | None = None) -> None:
         """Block until every live node says ``cluster_state:ok`` and all slots are
         served by live masters (after :meth:`kill`: the replica was promoted)."""
@@ -247,7 +253,7 @@ class LocalCluster:
     def _wait_replication(self, deadline: float) -> None:
         """Every replica has synced with its master: a replica that never did would
         refuse to take over (its data would be too old), so a failover needs this."""
-        for port in self.replicas_of_cluster():
+        for port in self.replica_ports():
             with self._client(port) as client:
                 while True:
                     info = client.info("replication")
