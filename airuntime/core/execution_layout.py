@@ -12,11 +12,9 @@ creates executions checks it before its first write (:func:`check_layout`).
 
 from __future__ import annotations
 
-from redis.asyncio import RedisCluster
-
 from airuntime.core import keys
 from airuntime.core.errors import ConfigError
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, is_cluster
 
 __all__ = ["LayoutMismatch", "buckets_for", "check_layout", "execution_keys_for"]
 
@@ -27,7 +25,7 @@ class LayoutMismatch(ConfigError):
 
 def buckets_for(client: RedisClient) -> int:
     """1 on a standalone server, the cluster bucket count on a cluster."""
-    return keys.CLUSTER_EXECUTION_BUCKETS if isinstance(client, RedisCluster) else 1
+    return keys.CLUSTER_EXECUTION_BUCKETS if is_cluster(client) else 1
 
 
 def execution_keys_for(client: RedisClient, execution_id: str) -> keys.ExecutionKeys:

@@ -28,11 +28,14 @@ from redis.asyncio.connection import SSLConnection
 
 __all__ = [
     "CLUSTER_ENV",
+    "CLUSTER_MAX_CONNECTIONS",
     "CLUSTER_SCHEME",
     "CountingRedis",
     "CountingRedisCluster",
     "RedisClient",
+    "clone",
     "connect",
+    "connection_options",
     "is_cluster",
     "is_cluster_url",
 ]
