@@ -1,7 +1,9 @@
 """DAG throughput of airuntime beside the floor of Redis work and a Celery chord, no-op steps.
 
 Run ``python -m benchmarks.dag_throughput [--json] [--quick] [--redis-url URL]`` from
-the repository root. Without ``--redis-url`` one embedded Valkey
+the repository root (``--cluster``: the same engine on a 1-shard and a 3-shard Valkey
+Cluster with Redis CPU per shard, :mod:`benchmarks.cluster_split`). Without
+``--redis-url`` one embedded Valkey
 (:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and
 every system uses it; airuntime and the floor use the URL's database, Celery databases
 1 (broker) and 2 (results). Each execution's and floor's keys are deleted after its run.
@@ -471,6 +473,11 @@ def ratios_of(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--cluster" in argv:  # 1 vs 3 shards, Redis CPU per shard: benchmarks.cluster_split
+        from benchmarks import cluster_split
+
+        return cluster_split.main(argv)
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:

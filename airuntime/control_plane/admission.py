@@ -44,11 +44,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.suspects import SuspectMarks
 from airuntime.core import keys
 from airuntime.core.context import DEFAULT_TENANT, current_context
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
@@ -153,7 +152,7 @@ class Admission:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         scale_out_enabled: bool = True,
         reservation_ttl_ms: int = 10_000,

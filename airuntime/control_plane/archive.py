@@ -17,11 +17,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.retention import RetentionPolicy
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext
 from airuntime.history.errors import HistoryError, HistoryUnavailable
 from airuntime.history.records import ArchivedSharedRun
@@ -57,7 +56,7 @@ class SharedRunArchiver:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         runs: SharedRunStore,
         store: HistoryStore,
         *,

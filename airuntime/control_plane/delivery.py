@@ -12,11 +12,9 @@ the runtime token (``AIRUNTIME_RUNTIME_TOKEN``) the runtimes' intake requires.
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
-from redis.asyncio import Redis
 
+from airuntime.core.redis_client import RedisClient, clone
 from airuntime.fleet.providers import (
     HttpProvider,
     LocalProvider,
@@ -32,20 +30,10 @@ BLOCK_MARGIN_S = 5.0
 """How much longer than its longest block a blocking client's socket timeout is."""
 
 
-def with_socket_timeout(redis: Redis, socket_timeout_s: float) -> Redis:
+def with_socket_timeout(redis: RedisClient, socket_timeout_s: float) -> RedisClient:
     """A client of the same server as ``redis`` whose connections time out after
     ``socket_timeout_s`` (its own pool; close it with ``aclose``)."""
-    pool = redis.connection_pool
-    kwargs: dict[str, Any] = {
-        k: v
-        for k, v in pool.connection_kwargs.items()
-        if not k.startswith(("maint_notifications", "orig_"))
-    }
-    kwargs["socket_timeout"] = socket_timeout_s
-    blocking_pool = type(pool)(
-        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
-    )
-    return type(redis)(connection_pool=blocking_pool)
+    return clone(redis, socket_timeout=socket_timeout_s)
 
 
 class Deliveries:
@@ -53,12 +41,12 @@ class Deliveries:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         local: LocalProvider,
         *,
         timeout_s: float = 10.0,
         runtime_token: str | None = None,
-        blocking_redis: Redis | None = None,
+        blocking_redis: RedisClient | None = None,
     ) -> None:
         self.redis = redis
         self.local = local

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from redis.asyncio import Redis
 from redis.exceptions import WatchError
+
+from airuntime.core.redis_client import RedisClient
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -24,7 +25,7 @@ AlsoWrite = Callable[[Any, Any, Any], None]
 
 
 async def update_record(
-    redis: Redis,
+    redis: RedisClient,
     key: str,
     model: type[M],
     change: Callable[[M], M | None],
@@ -58,7 +59,7 @@ async def update_record(
 
 
 async def update_records(
-    redis: Redis,
+    redis: RedisClient,
     keys: list[str],
     model: type[M],
     change: Callable[[int, M], M | None],
@@ -95,6 +96,6 @@ async def update_records(
                 continue
 
 
-async def read_record(redis: Redis, key: str, model: type[M]) -> M | None:
+async def read_record(redis: RedisClient, key: str, model: type[M]) -> M | None:
     raw = await redis.get(key)
     return model.model_validate_json(raw) if raw else None

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore, Transition
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext
 from airuntime.fleet.outcomes import RunOutcome
 from airuntime.fleet.runs import RunRecord, RunStatus
@@ -95,7 +95,7 @@ class OutcomeReader:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         runs: SharedRunStore,
         consumer: str,
         *,

@@ -30,11 +30,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.scale_out import ScaleOutPhase, ScaleOutRequest, ScaleOutStore
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
+from airuntime.core.execution_layout import buckets_for
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext
 
 __all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
@@ -77,7 +77,7 @@ class Retention:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         runs: SharedRunStore,
         scale_outs: ScaleOutStore,
         policy: RetentionPolicy | None = None,
@@ -156,24 +156,32 @@ class Retention:
         return not await self.redis.exists(keys.shared_run(req.shared_run_id))
 
     async def _executions(self, cutoff: int, report: RetentionReport) -> None:
-        """Index entries of executions whose keys expired (the engine's retention TTL).
+        """Index entries of executions whose keys expired (the engine's retention TTL),
+        bucket by bucket (one bucket on a standalone server; see airuntime.core.keys).
 
         NOTE(engine): replace with the engine's own prune function once it has one."""
+        buckets = buckets_for(self.redis)
+        for bucket in keys.execution_buckets(buckets):
+            await self._bucket_executions(bucket, buckets, cutoff, report)
+
+    async def _bucket_executions(
+        self, bucket: keys.ExecutionBucket, buckets: int, cutoff: int, report: RetentionReport
+    ) -> None:
         start = 0
         while True:
             raw = await self.redis.zrangebyscore(
-                keys.executions_index(), "-inf", cutoff, start=start, num=self.batch
+                bucket.executions, "-inf", cutoff, start=start, num=self.batch
             )
             ids = [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
             if not ids:
                 return
             pipe = self.redis.pipeline(transaction=False)
             for eid in ids:
-                pipe.exists(keys.execution_keys(eid).meta)
+                pipe.exists(keys.execution_keys(eid, buckets).meta)
             alive = await pipe.execute()
             expired = [eid for eid, a in zip(ids, alive, strict=True) if not a]
             if expired:
-                await self.redis.zrem(keys.executions_index(), *expired)
+                await self.redis.zrem(bucket.executions, *expired)
             report.executions += len(expired)
             start += len(ids) - len(expired)
 

@@ -20,9 +20,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from redis.asyncio import Redis
-
-from airuntime.core import keys
+from airuntime.core.execution_layout import execution_keys_for
+from airuntime.core.redis_client import RedisClient
 from airuntime.history.listing import MAX_PAGE
 from airuntime.history.store import HistoryStore
 
@@ -93,7 +92,7 @@ def _s(value: Any) -> str:
 class LedgerReader:
     """Pages of one execution's ledger: hot while its stream exists, else archived."""
 
-    def __init__(self, redis: Redis, history: HistoryStore | None) -> None:
+    def __init__(self, redis: RedisClient, history: HistoryStore | None) -> None:
         self.redis = redis
         self.history = history
 
@@ -130,7 +129,7 @@ class LedgerReader:
     async def _read(
         self, execution_id: str, tenant_id: str, after: tuple[int, str] | None, count: int
     ) -> list[LedgerEntry]:
-        stream = keys.execution_keys(execution_id).events
+        stream = execution_keys_for(self.redis, execution_id).events
         if await self.redis.exists(stream):
             start = f"({after[1]}" if after else "-"
             raw: Any = await self.redis.xrange(stream, min=start, count=count)

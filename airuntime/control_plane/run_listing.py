@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.run_ledger import BadCursor
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.history.store import HistoryStore
 
 __all__ = ["RunFilter", "RunListing", "RunsPage"]
@@ -92,7 +91,7 @@ def _s(value: Any) -> str:
 
 
 class RunListing:
-    def __init__(self, redis: Redis, history: HistoryStore | None) -> None:
+    def __init__(self, redis: RedisClient, history: HistoryStore | None) -> None:
         self.redis = redis
         self.history = history
         self.runs = SharedRunStore(redis)

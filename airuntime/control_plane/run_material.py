@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
-from airuntime.core import keys
+from airuntime.core.execution_layout import execution_keys_for
+from airuntime.core.redis_client import RedisClient
 from airuntime.fleet.run_index import RunIndex
 from airuntime.history.records import ArchivedExecution
 from airuntime.history.store import HistoryStore
@@ -140,7 +139,7 @@ def _opt_int(value: str | None) -> int | None:
 class MaterialLoader:
     """Loads :class:`RunMaterial` from Redis, falling back to the archive part by part."""
 
-    def __init__(self, redis: Redis, history: HistoryStore | None) -> None:
+    def __init__(self, redis: RedisClient, history: HistoryStore | None) -> None:
         self.redis = redis
         self.history = history
         self.runs = SharedRunStore(redis)
@@ -207,7 +206,7 @@ class MaterialLoader:
         )
 
     async def _hot_execution(self, execution_id: str, tenant_id: str) -> ExecutionMaterial | None:
-        ek = keys.execution_keys(execution_id)
+        ek = execution_keys_for(self.redis, execution_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(ek.meta)
         pipe.get(ek.plan)

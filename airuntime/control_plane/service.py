@@ -29,7 +29,6 @@ import re
 import time
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from airuntime.control_plane.admission import Admission, Assign, Decision
@@ -64,6 +63,7 @@ from airuntime.control_plane.suspects import SuspectMarks, SuspectPolicy
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot, use_context
 from airuntime.core.errors import AirError
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
@@ -133,7 +133,7 @@ class ControlPlane:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         settings: ControlPlaneSettings | None = None,
         *,
         local: LocalProvider | None = None,

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class SharedQueue:
     """The global queue of shared runs."""
 
     def __init__(
-        self, redis: Redis, scripts: ScriptLibrary | None = None, claim_lease_ms: int = 30_000
+        self, redis: RedisClient, scripts: ScriptLibrary | None = None, claim_lease_ms: int = 30_000
     ) -> None:
         self.redis = redis
         self.scripts = scripts or library()

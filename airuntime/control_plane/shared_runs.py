@@ -30,11 +30,11 @@ from enum import StrEnum
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
-from redis.asyncio import Redis
 
 from airuntime.control_plane.json_records import update_record, update_records
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import library
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def _index_terminal(pipe: Any, before: SharedRun, after: SharedRun) -> None:
 class SharedRunStore:
     """Shared run records (one JSON document per run; tenant, open and finished indexes)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
     @staticmethod

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
-from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 
 __all__ = ["FAULT_REASONS", "SuspectMark", "SuspectMarks", "SuspectPolicy"]
@@ -68,7 +68,7 @@ class SuspectMarks:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         policy: SuspectPolicy | None = None,
         scripts: ScriptLibrary | None = None,
     ) -> None:

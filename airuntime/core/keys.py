@@ -1,17 +1,29 @@
 """Every Redis key airuntime uses is built here, and only here.
 
-Keeping the schema in one module makes it reviewable (this docstring is the table),
-keeps Lua scripts and Python in agreement about key order, and keeps every key of
-one execution in one hash slot (``{e:<ExecutionId>}``) so multi-key scripts work on
-Redis Cluster. The exception are the two execution indexes (``air:executions``,
-``air:executions:active``) and the archive outbox (``air:archive:outbox``): the
-scripts that create or finalize an execution also update them, atomically with the
-transition, so an index never names an execution that is not there or forgets one
-that is, and a finalized execution is queued for the archiver exactly once; on Redis
-Cluster those scripts (``-23`` and ``-24`` key counts,
-:meth:`ExecutionKeys.for_script`) span more than one slot, like ``settleArchive-22``.
+Keeping the schema in one module makes it reviewable (this docstring is the table)
+and keeps Lua scripts and Python in agreement about key order.
 
-Per execution (hash tag ``{e:<eid>}``; no TTL before finalization. Archiving off: all
+Slot layout of executions (Redis Cluster: a multi-key script must stay in one slot).
+Every execution belongs to a *bucket*, ``crc32(ExecutionId) % B``, and its keys and
+the three execution indexes (``executions``, ``executions:active``,
+``archive:outbox``) of its bucket share the bucket's hash tag, so the scripts that
+create or finalize an execution update the indexes atomically with the transition
+(an index never names an execution that is not there or forgets one that is, and a
+finalized execution is queued for the archiver exactly once) in one slot. ``B`` is 1
+on a standalone server, where the keys are today's ``air:{e:<E>}:*`` and the indexes
+``air:executions``, ``air:executions:active``, ``air:archive:outbox``; on a cluster
+``B`` = :data:`CLUSTER_EXECUTION_BUCKETS` (128), an execution's keys are
+``air:{x:<b>:<n>}:e:<E>:*`` and its bucket's indexes ``air:{x:<b>:<n>}:executions``
+(and ``...:executions:active``, ``...:archive:outbox``); the tag ``x:<b>:<n>`` is
+chosen so the 128 buckets fall in 128 equal slot ranges (even across shards). Readers
+of the indexes (listing, archiver, pruning, metrics) iterate the buckets
+(:func:`execution_buckets`). ``air:execution-layout`` records ``B`` the first time an
+execution is created; a process that finds another ``B`` refuses to start
+(:mod:`airuntime.core.execution_layout`). Everything else keeps its own tag (leases
+per scope ``{l:<scope>}``; the control plane's keys: see their rows).
+
+Per execution (hash tag ``{e:<eid>}``, on a cluster ``{x:<b>:<n>}`` with ``:e:<eid>``
+after it; no TTL before finalization. Archiving off: all
 get the retention TTL when the execution is finalized. Archiving on (``archive_hold_s``
 in meta): finalization gives them the fallback TTL ``archive_hold_s``, and the archiver
 sets the retention TTL once the execution is durably archived):
@@ -50,7 +62,7 @@ key                                    type    content / written by
 ``air:{e:E}:snapshot``                 string  terminal snapshot JSON. finalization.
 =====================================  ======  =====================================================
 
-Global:
+Global (the first three: one set per execution bucket, see above):
 
 ==========================  ======  ========================================================
 ``air:executions``          zset    execution id -> created ms (listing). createExecution
@@ -66,6 +78,8 @@ Global:
                                     trims entries older than the hold (their keys are
                                     gone); claimArchive-1 leases, settleArchive-22
                                     removes after the durable write (history.archiver).
+``air:execution-layout``    string  execution bucket count B (1 standalone, 128 cluster),
+                                    SET NX by the first store that creates an execution.
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
                                     lease expiry ms. acquireLease/renewLease/releaseLease.
 ``air:instances``           zset    runtime instance id -> heartbeat expiry ms (Redis time).
@@ -141,7 +155,11 @@ Global:
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+from functools import cache
+
+from redis.crc import key_slot
 
 PREFIX = "air"
 
@@ -171,15 +189,96 @@ EXECUTION_KEY_SUFFIXES: tuple[str, ...] = (
 )
 
 
+CLUSTER_EXECUTION_BUCKETS = 128
+"""Execution buckets on a Redis Cluster (1 on a standalone server). Fixed: a
+deployment's executions are written under it, see :func:`execution_layout`."""
+
+_SLOTS = 16384
+
+
+@cache
+def _bucket_tags(buckets: int) -> tuple[str, ...]:
+    """The hash tag of each bucket: ``x:<b>:<n>`` with the smallest ``n`` whose hash
+    slot falls in the b-th of ``buckets`` equal slot ranges, so buckets spread evenly
+    over shards that own equal slot ranges (plain ``x:<b>`` tags would not: 39/39/50
+    of 128 on three shards)."""
+    tags: list[str] = []
+    for b in range(buckets):
+        low, high = b * _SLOTS // buckets, (b + 1) * _SLOTS // buckets
+        n = 0
+        while not low <= key_slot(f"x:{b}:{n}".encode()) < high:
+            n += 1
+        tags.append(f"x:{b}:{n}")
+    return tuple(tags)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionBucket:
+    """One slot's share of the executions and its three indexes (see module doc)."""
+
+    index: int
+    buckets: int = 1
+
+    @property
+    def prefix(self) -> str:
+        if self.buckets == 1:
+            return PREFIX
+        return f"{PREFIX}:{{{_bucket_tags(self.buckets)[self.index]}}}"
+
+    @property
+    def executions(self) -> str:
+        """Execution id -> created ms (listing)."""
+        return f"{self.prefix}:executions"
+
+    @property
+    def active(self) -> str:
+        """Non-terminal executions."""
+        return f"{self.prefix}:executions:active"
+
+    @property
+    def outbox(self) -> str:
+        """Finalized executions not yet archived (score = when due, ms)."""
+        return f"{self.prefix}:archive:outbox"
+
+
+def execution_buckets(buckets: int = 1) -> list[ExecutionBucket]:
+    """Every bucket of a layout of ``buckets`` (what index readers iterate)."""
+    if buckets < 1:
+        raise ValueError(f"buckets must be >= 1, not {buckets}")
+    return [ExecutionBucket(i, buckets) for i in range(buckets)]
+
+
+def bucket_of(execution_id: str, buckets: int = 1) -> ExecutionBucket:
+    """The bucket of an execution: crc32 of its id, so no lookup is needed."""
+    if buckets == 1:
+        return ExecutionBucket(0, 1)
+    return ExecutionBucket(zlib.crc32(execution_id.encode()) % buckets, buckets)
+
+
+def execution_layout() -> str:
+    """The bucket count the deployment's executions were written with (string): set
+    once, checked by every process that creates executions
+    (:mod:`airuntime.engine.layout`), so switching layouts with data in place fails
+    with a clear error instead of losing executions from every index."""
+    return f"{PREFIX}:execution-layout"
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionKeys:
-    """All keys of one execution, in script order."""
+    """All keys of one execution, in script order (``buckets``: see module doc)."""
 
     execution_id: str
+    buckets: int = 1
+
+    @property
+    def bucket(self) -> ExecutionBucket:
+        return bucket_of(self.execution_id, self.buckets)
 
     @property
     def tag(self) -> str:
-        return f"{PREFIX}:{{e:{self.execution_id}}}"
+        if self.buckets == 1:
+            return f"{PREFIX}:{{e:{self.execution_id}}}"
+        return f"{self.bucket.prefix}:e:{self.execution_id}"
 
     def key(self, suffix: str) -> str:
         if suffix not in EXECUTION_KEY_SUFFIXES:
@@ -191,10 +290,11 @@ class ExecutionKeys:
 
     def for_script(self, num_keys: int) -> list[str]:
         """KEYS of an execution script taking ``num_keys`` keys: the execution's keys
-        (21), then ``air:executions:active`` (22: scripts that can finalize remove the
-        execution from it), ``air:archive:outbox`` (23: ... and queue it for the
-        archiver), then ``air:executions`` (24: ``createExecution`` lists it)."""
-        extra = [active_executions(), archive_outbox(), executions_index()]
+        (21), then its bucket's active index (22: scripts that can finalize remove the
+        execution from it), archive outbox (23: ... and queue it for the archiver),
+        then list index (24: ``createExecution`` lists it); all in one slot."""
+        bucket = self.bucket
+        extra = [bucket.active, bucket.outbox, bucket.executions]
         base = len(EXECUTION_KEY_SUFFIXES)
         if not base <= num_keys <= base + len(extra):
             raise ValueError(f"no execution script takes {num_keys} keys")
@@ -237,21 +337,22 @@ class ExecutionKeys:
         return self.key("token")
 
 
-def execution_keys(execution_id: str) -> ExecutionKeys:
-    return ExecutionKeys(execution_id)
+def execution_keys(execution_id: str, buckets: int = 1) -> ExecutionKeys:
+    return ExecutionKeys(execution_id, buckets)
 
 
 def executions_index() -> str:
-    return f"{PREFIX}:executions"
+    """``air:executions`` of a standalone server (bucket 0 of 1)."""
+    return ExecutionBucket(0).executions
 
 
 def active_executions() -> str:
-    return f"{PREFIX}:executions:active"
+    return ExecutionBucket(0).active
 
 
 def archive_outbox() -> str:
-    """Finalized executions waiting for the archiver (zset, score = due ms)."""
-    return f"{PREFIX}:archive:outbox"
+    """Finalized executions waiting for the archiver (zset, score = due ms); standalone."""
+    return ExecutionBucket(0).outbox
 
 
 def lease_holders(scope: str) -> str:

@@ -1,19 +1,55 @@
-"""Redis connections for airuntime, with a round-trip counter.
+"""Redis connections for airuntime, with a round-trip counter, standalone or cluster.
 
 Every process talks to Redis through :func:`connect`, so connection options are
 set in one place and benchmarks can report *client round trips per step*: each
 command sent (an EVALSHA counts once, whatever the script runs inside) and each
 pipeline sent count as one round trip.
+
+A Redis/Valkey Cluster is reached with a ``redis+cluster://host:port[,host:port...]``
+URL (any node works as a seed; more seeds survive a seed being down), or with a plain
+``redis://host:port`` URL and ``AIRUNTIME_REDIS_CLUSTER=1``. Either gives a
+:class:`CountingRedisCluster` (redis-py's asyncio cluster client: it follows
+``MOVED``/``ASK`` and refreshes the slot map after a failover). Code that only passes a
+client around types it :data:`RedisClient`.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
-from redis.asyncio import Redis
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline
+from redis.asyncio.connection import Connection, SSLConnection
 
-from airuntime.core.resp_packing import use_hiredis_packing
+from airuntime.core.resp_packing import hiredis_connection_class, use_hiredis_packing
+
+__all__ = [
+    "CLUSTER_ENV",
+    "CLUSTER_MAX_CONNECTIONS",
+    "CLUSTER_SCHEME",
+    "CountingRedis",
+    "CountingRedisCluster",
+    "RedisClient",
+    "clone",
+    "connect",
+    "connection_options",
+    "is_cluster",
+    "is_cluster_url",
+]
+
+CLUSTER_SCHEME = "redis+cluster"
+CLUSTER_ENV = "AIRUNTIME_REDIS_CLUSTER"
+
+CLUSTER_MAX_CONNECTIONS = 10_000
+"""Per node and client (the standalone client's pool has no practical cap either)."""
+
+RedisClient = Redis | RedisCluster
+"""A client of a standalone server or of a cluster: what stores and loops are given."""
 
 
 class CountingRedis(Redis):
@@ -30,11 +66,153 @@ class CountingRedis(Redis):
         return super().pipeline(transaction=transaction, shard_hint=shard_hint)
 
 
-def connect(url: str, **options: Any) -> CountingRedis:
-    """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``); bytes replies;
-    commands packed by hiredis (:mod:`airuntime.core.resp_packing`)."""
+def _torn(exc: AttributeError) -> redis_errors.ConnectionError:
+    """redis-py's asyncio cluster client re-learns the slot map after a connection
+    error (a failover) and closes the nodes' connections while other coroutines are
+    still using them; their commands fail with an AttributeError on the closed
+    connection. It is a connection lost like any other: the engine retries it."""
+    return redis_errors.ConnectionError(f"connection closed under the command ({exc})")
+
+
+def _is_torn(exc: AttributeError) -> bool:
+    return "'NoneType' object has no attribute" in str(exc)
+
+
+class _CountingClusterPipeline(ClusterPipeline):
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except AttributeError as exc:
+            if _is_torn(exc):
+                raise _torn(exc) from exc
+            raise
+
+
+class CountingRedisCluster(RedisCluster):
+    """``redis.asyncio.RedisCluster`` counting round trips like :class:`CountingRedis`
+    (a pipeline counts once, though the cluster client sends one per node it spans)."""
+
+    round_trips: int = 0
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        self.round_trips += 1
+        if self._initialize:
+            # Learn the slot map before routing: redis-py routes the first commands of
+            # a fresh client (many at once, from a pool's participations) to nodes its
+            # own initialization then closes under them ("Connection lost", a
+            # connection without a writer). initialize() is locked and idempotent.
+            await self.initialize()
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except AttributeError as exc:
+            if _is_torn(exc):
+                raise _torn(exc) from exc
+            raise
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        self.round_trips += 1
+        if shard_hint:
+            return super().pipeline(transaction=transaction, shard_hint=shard_hint)
+        return _CountingClusterPipeline(self, transaction)  # type: ignore[abstract]  # as redis-py does
+
+
+def connection_options(client: RedisClient) -> dict[str, Any]:
+    """The options ``client``'s connections are made with (``socket_timeout``...)."""
+    if isinstance(client, RedisCluster):
+        return dict(client.connection_kwargs)
+    return dict(client.connection_pool.connection_kwargs)
+
+
+def clone(client: RedisClient, **overrides: Any) -> RedisClient:
+    """A new client of the same server or cluster as ``client``, with its own
+    connections made with ``overrides`` (e.g. a longer ``socket_timeout`` for blocking
+    calls); close it with ``aclose``."""
+    if isinstance(client, RedisCluster):
+        kwargs = {**connection_options(client), **overrides}
+        known = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
+        seeds = [ClusterNode(n.host, n.port) for n in known]
+        cls = type(client)
+        return cls(startup_nodes=seeds, **_cluster_kwargs(kwargs))
+    pool = client.connection_pool
+    kwargs = {
+        k: v
+        for k, v in pool.connection_kwargs.items()
+        if not k.startswith(("maint_notifications", "orig_"))
+    }
+    kwargs.update(overrides)
+    new_pool = type(pool)(
+        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+    )
+    return type(client)(connection_pool=new_pool)
+
+
+def _cluster_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The connection options the cluster client's constructor takes again."""
+    accepted = set(inspect.signature(RedisCluster.__init__).parameters) - {"host", "port", "self"}
+    out = {k: v for k, v in kwargs.items() if k in accepted}
+    if kwargs.get("connection_class") is SSLConnection:
+        out["ssl"] = True
+    return out
+
+
+def is_cluster(client: RedisClient) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://`` URLs, and for any URL with ``AIRUNTIME_REDIS_CLUSTER=1``."""
+    if url.startswith(f"{CLUSTER_SCHEME}://"):
+        return True
+    return os.environ.get(CLUSTER_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
+def _cluster(url: str, options: dict[str, Any]) -> CountingRedisCluster:
+    """``redis+cluster://[user:pass@]h:p[,h:p...][?option=value]`` or a plain URL."""
+    if not url.startswith(f"{CLUSTER_SCHEME}://"):
+        client = CountingRedisCluster.from_url(url, **options)
+        assert isinstance(client, CountingRedisCluster)
+        return client
+    parts = urlsplit(url)
+    seeds = parts.netloc.rsplit("@", 1)[-1]
+    if parts.username:
+        options.setdefault("username", parts.username)
+    if parts.password:
+        options.setdefault("password", parts.password)
+    nodes: list[ClusterNode] = []
+    for seed in seeds.split(","):
+        host, sep, port = seed.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"redis+cluster URL seed {seed!r} is not host:port (in {url!r})")
+        nodes.append(ClusterNode(host, int(port)))
+    options.update(dict(parse_qsl(parts.query)))
+    return CountingRedisCluster(startup_nodes=nodes, **options)
+
+
+def _packing_with_hiredis(client: CountingRedisCluster) -> CountingRedisCluster:
+    """The cluster client's connections pack with hiredis (as :func:`use_hiredis_packing`
+    makes a standalone client's): its constructor takes no connection class, so the
+    one its nodes are made with is replaced, for the seeds and for nodes learnt later."""
+    cls = hiredis_connection_class(client.connection_kwargs.get("connection_class", Connection))
+    client.connection_kwargs["connection_class"] = cls
+    for node in client.startup_nodes:
+        node.connection_class = cls
+    return client
+
+
+def connect(url: str, **options: Any) -> CountingRedis | CountingRedisCluster:
+    """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``, or a cluster: see
+    the module doc); bytes replies; commands packed by hiredis
+    (:mod:`airuntime.core.resp_packing`)."""
     options.setdefault("health_check_interval", 30)
-    options.setdefault("socket_keepalive", True)
+    if not url.startswith("unix:"):
+        options.setdefault("socket_keepalive", True)
+    if is_cluster_url(url):
+        options.pop("db", None)
+        # redis-py's cluster client caps connections per node (100 by default) and
+        # treats hitting the cap as a connection error, which drops the node's other
+        # connections mid-command; a pool of many slots exceeds 100 calls in flight.
+        options.setdefault("max_connections", CLUSTER_MAX_CONNECTIONS)
+        return _packing_with_hiredis(_cluster(url, options))
     client = CountingRedis.from_url(url, **options)
     assert isinstance(client, CountingRedis)
     use_hiredis_packing(client)

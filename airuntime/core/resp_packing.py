@@ -15,14 +15,14 @@ dependency ``redis[hiredis]``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import hiredis
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import DataError
 
-__all__ = ["HiredisPacking", "use_hiredis_packing"]
+__all__ = ["HiredisPacking", "hiredis_connection_class", "use_hiredis_packing"]
 
 
 class HiredisPacking:
@@ -41,20 +41,23 @@ class HiredisPacking:
             raise DataError(str(exc)) from None
 
 
+C = TypeVar("C", bound=AbstractConnection)
+
 _FAST: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
-def _fast_class(cls: type[AbstractConnection]) -> type[AbstractConnection]:
+def hiredis_connection_class(cls: type[C]) -> type[C]:
+    """``cls`` (a redis-py asyncio connection class) packing with hiredis."""
     if issubclass(cls, HiredisPacking):
         return cls
     if cls not in _FAST:
         _FAST[cls] = type(f"Hiredis{cls.__name__}", (HiredisPacking, cls), {})
-    return _FAST[cls]
+    return cast(type[C], _FAST[cls])
 
 
 def use_hiredis_packing(client: Redis) -> Redis:
     """Make ``client``'s future connections pack with hiredis (TCP, TLS or unix socket:
     whichever class its URL chose). Call it before the first command."""
     pool = client.connection_pool
-    pool.connection_class = _fast_class(pool.connection_class)
+    pool.connection_class = hiredis_connection_class(pool.connection_class)
     return client

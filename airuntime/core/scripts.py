@@ -21,10 +21,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from airuntime.core.errors import ScriptError
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.version import installed_version
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -101,7 +101,7 @@ class ScriptLibrary:
         return script
 
     async def call(
-        self, redis: Redis, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
+        self, redis: RedisClient, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
     ) -> Any:
         script = self._checked(name, keys)
         try:
@@ -111,7 +111,7 @@ class ScriptLibrary:
             return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
 
     async def call_many(
-        self, redis: Redis, name: str, calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]]
+        self, redis: RedisClient, name: str, calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]]
     ) -> list[Any]:
         """One reply per ``(keys, args)`` call of script ``name``, all sent in one round
         trip (no MULTI: each call is atomic on its own, as with :meth:`call`). A reply that
@@ -133,11 +133,16 @@ class ScriptLibrary:
 
     @staticmethod
     async def _pipelined(
-        redis: Redis, script: LuaScript, calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]]
+        redis: RedisClient,
+        script: LuaScript,
+        calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]],
     ) -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for keys, args in calls:
-            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
+            # execute_command: redis-py's cluster pipeline blocks its evalsha() method
+            # (it cannot reload scripts); NOSCRIPT is handled by call_many, and the
+            # cluster pipeline routes EVALSHA by its first key like any keyed command.
+            pipe.execute_command("EVALSHA", script.sha, script.num_keys, *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
 
 

@@ -38,6 +38,11 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     redis_errors.ConnectionError,  # includes BusyLoadingError (a restarted server loading)
     redis_errors.TimeoutError,
     redis_errors.ReadOnlyError,  # talking to a former primary during a failover
+    # Redis Cluster: slots without a live primary until a replica is promoted, a
+    # multi-key call during a slot migration, a slot map not refreshed yet.
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.SlotNotCoveredError,
     ConnectionError,
 )
 """Errors after which the same call may succeed once the server is back."""

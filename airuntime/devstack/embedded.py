@@ -33,7 +33,7 @@ Entry points
 * :func:`redis_for_process` - *synchronous* context manager yielding a URL: the
   value of ``AIRUNTIME_REDIS_URL`` if set, else the URL of an embedded server that
   lives for the duration of the block.
-* :func:`open_redis` - ``redis.asyncio.Redis`` for an explicit URL or
+* :func:`open_redis` - a client (:func:`airuntime.core.redis_client.connect`) for an explicit URL or
   ``AIRUNTIME_REDIS_URL``, checked with PING.
 * :func:`server_info_version` - ``("valkey", "8.1.8")`` / ``("redis", "7.0.15")``
   from ``INFO server``.
@@ -61,9 +61,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis
-import redis.asyncio
 
-from airuntime.core.resp_packing import use_hiredis_packing
+from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.child_process import LOOPBACK as _LOOPBACK
 from airuntime.devstack.child_process import SPAWNER, free_port, make_preexec
@@ -527,7 +526,7 @@ def resolve_redis_url(url: str | None = None) -> str | None:
 
 async def open_redis(
     url: str | None = None, *, decode_responses: bool = False, **kwargs: Any
-) -> redis.asyncio.Redis:
+) -> RedisClient:
     """Connect to ``url`` (or ``$AIRUNTIME_REDIS_URL``) and return a checked client.
 
     The client is PINGed before it is returned, so a wrong URL fails here with the
@@ -540,8 +539,7 @@ async def open_redis(
         raise EmbeddedServerError(
             f"no Redis URL: pass one or set {REDIS_URL_ENV} (or use redis_for_process())"
         )
-    client = redis.asyncio.Redis.from_url(resolved, decode_responses=decode_responses, **kwargs)
-    use_hiredis_packing(client)
+    client = connect(resolved, decode_responses=decode_responses, **kwargs)
     try:
         await client.ping()
     except BaseException as exc:

@@ -23,7 +23,6 @@ from typing import Any
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict
-from redis.asyncio import Redis
 
 from airuntime.control_plane.api import close_app, create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
@@ -33,7 +32,7 @@ from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.config_files import load_yaml_model, parse_yaml_model
 from airuntime.core.errors import ConfigError
-from airuntime.core.redis_client import connect
+from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import HOME_ENV
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
@@ -133,7 +132,7 @@ async def serve_control_plane(
 
 
 def _local_scaler(
-    redis: Redis, redis_url: str, settings: ControlPlaneSettings, history: HistorySettings
+    redis: RedisClient, redis_url: str, settings: ControlPlaneSettings, history: HistorySettings
 ) -> LocalScaler:
     """The local scaler: its runtimes get the runtime token and the history's DSN (large
     step outputs go where this control plane reads them)."""

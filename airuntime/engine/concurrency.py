@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
 from airuntime.core.errors import OK
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 
 
@@ -66,7 +65,7 @@ class LeaseResult:
 class ConcurrencyLeases:
     """Lease operations on throttle scopes."""
 
-    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
+    def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
         self.redis = redis
         self.scripts = scripts or library()
 

@@ -23,9 +23,10 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import RedisCluster
 
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import Backoff, LoopContext, Supervisor
 
 __all__ = ["ControlFeed", "Notice"]
@@ -37,7 +38,7 @@ Notice = Callable[[str | None], None]
 class ControlFeed:
     """Subscribe to the control channel and report each notice (see module doc)."""
 
-    def __init__(self, redis: Redis, notice: Notice, *, owner: str, backoff: Backoff) -> None:
+    def __init__(self, redis: RedisClient, notice: Notice, *, owner: str, backoff: Backoff) -> None:
         self._redis = redis
         self._notice = notice
         self._supervisor = Supervisor(f"control-feed:{owner}", backoff=backoff)
@@ -73,6 +74,11 @@ class ControlFeed:
         self._subscribed()
 
     async def _listen(self, ctx: LoopContext) -> None:
+        if isinstance(self._redis, RedisCluster):
+            # A cluster client learns the slot map on its first command; a pub/sub
+            # connection opened before that is closed under the subscription by the
+            # client's own initialization (and may take a command's connection with it).
+            await self._redis.initialize()
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         connection: Any = None
         try:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, ScriptError, error_for
+from airuntime.core.execution_layout import buckets_for, check_layout
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
@@ -233,12 +233,19 @@ def merged_inputs(plan: Plan, inputs: Mapping[str, Any] | None) -> dict[str, Any
 class ExecutionStore:
     """Create, claim, complete, fail, control and read executions in Redis."""
 
-    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
+    def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
         self.redis = redis
         self.scripts = scripts or library()
+        self.buckets = buckets_for(redis)
+        """Execution buckets of the layout (1 standalone; :mod:`airuntime.core.keys`)."""
+        self._layout_checked = False
+
+    def keys_of(self, execution_id: str) -> keys.ExecutionKeys:
+        """The keys of ``execution_id`` in this store's layout."""
+        return keys.execution_keys(execution_id, self.buckets)
 
     async def _call(self, name: str, execution_id: str, args: Sequence[Any]) -> Any:
-        script_keys = keys.execution_keys(execution_id).for_script(self.scripts[name].num_keys)
+        script_keys = self.keys_of(execution_id).for_script(self.scripts[name].num_keys)
         reply = await self.scripts.call(self.redis, name, script_keys, args)
         if (
             isinstance(reply, list)
@@ -271,6 +278,9 @@ class ExecutionStore:
         args = _create_args(
             eid, plan, context, merged_inputs(plan, inputs), retention_s, archive_hold_s
         )
+        if not self._layout_checked:
+            await check_layout(self.redis)
+            self._layout_checked = True
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)
@@ -425,13 +435,13 @@ class ExecutionStore:
         """Append an entry of another component (the runtime's ``run_started``, its
         step-slot evidence) to the execution's ledger; False when the execution's ledger
         is gone (retention): a ledger is never recreated without its TTL."""
-        ek = keys.execution_keys(execution_id)
+        ek = self.keys_of(execution_id)
         entry = [x for k, v in {**fields, "type": event_type}.items() for x in (k, v)]
         # After the archive, the script queues the execution again (recordEvent-3.lua).
         added = await self.scripts.call(
             self.redis,
             "recordEvent",
-            [ek.events, ek.meta, keys.archive_outbox()],
+            [ek.events, ek.meta, ek.bucket.outbox],
             [execution_id, *entry],
         )
         return bool(added)
@@ -444,9 +454,13 @@ class ExecutionStore:
         it did). Both indexes are written atomically with the execution, so an entry
         without its execution is never one being created. Safe to run from any number of
         processes at once; the control plane's retention loop owns calling it."""
-        examined_l, unlisted = await self._prune(keys.executions_index(), batch, active=False)
-        examined_a, deactivated = await self._prune(keys.active_executions(), batch, active=True)
-        return PruneResult(examined_l + examined_a, unlisted, deactivated)
+        examined = unlisted = deactivated = 0
+        for bucket in keys.execution_buckets(self.buckets):
+            seen_l, gone_l = await self._prune(bucket.executions, batch, active=False)
+            seen_a, gone_a = await self._prune(bucket.active, batch, active=True)
+            examined, unlisted = examined + seen_l + seen_a, unlisted + gone_l
+            deactivated += gone_a
+        return PruneResult(examined, unlisted, deactivated)
 
     async def _prune(self, index: str, batch: int, *, active: bool) -> tuple[int, int]:
         """(examined, removed) for one index; ZSCAN returns every member present for the
@@ -466,7 +480,7 @@ class ExecutionStore:
     async def _prune_batch(self, index: str, ids: list[str], active: bool) -> int:
         pipe = self.redis.pipeline(transaction=False)
         for eid in ids:
-            pipe.hmget(keys.execution_keys(eid).meta, ["execution_id", "terminal"])
+            pipe.hmget(self.keys_of(eid).meta, ["execution_id", "terminal"])
         rows = await pipe.execute()
         gone = [
             eid
@@ -480,7 +494,7 @@ class ExecutionStore:
     # -- reads ---------------------------------------------------------------------
 
     async def info(self, execution_id: str) -> ExecutionInfo:
-        raw = await self.redis.hgetall(keys.execution_keys(execution_id).meta)
+        raw = await self.redis.hgetall(self.keys_of(execution_id).meta)
         if not raw:
             raise ExecutionNotFound(
                 f"Execution {execution_id} does not exist.", execution_id=execution_id
@@ -509,7 +523,7 @@ class ExecutionStore:
     async def control_state(self, execution_id: str) -> ControlState:
         """One read of the execution's status and control field."""
         status, control = await self.redis.hmget(
-            keys.execution_keys(execution_id).meta, ["status", "control"]
+            self.keys_of(execution_id).meta, ["status", "control"]
         )
         if status is None:
             raise ExecutionNotFound(
@@ -521,16 +535,16 @@ class ExecutionStore:
     async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
         """Up to ``count`` ready throttled steps, in plan order (they are claimed one by
         one with :meth:`claim_step` once admission lets them through)."""
-        key = keys.execution_keys(execution_id).ready_throttled
+        key = self.keys_of(execution_id).ready_throttled
         raw = await self.redis.zrange(key, 0, count - 1)
         return [_s(m) for m in raw]
 
     async def step_states(self, execution_id: str) -> dict[str, StepStatus]:
-        raw = await self.redis.hgetall(keys.execution_keys(execution_id).status)
+        raw = await self.redis.hgetall(self.keys_of(execution_id).status)
         return {_s(k): StepStatus(_s(v)) for k, v in raw.items()}
 
     async def load_plan(self, execution_id: str) -> Plan:
-        raw = await self.redis.get(keys.execution_keys(execution_id).plan)
+        raw = await self.redis.get(self.keys_of(execution_id).plan)
         if raw is None:
             raise ExecutionNotFound(
                 f"Execution {execution_id} does not exist.", execution_id=execution_id
@@ -538,19 +552,19 @@ class ExecutionStore:
         return Plan.from_json(_s(raw))
 
     async def run_inputs(self, execution_id: str) -> dict[str, Any]:
-        raw = await self.redis.hget(keys.execution_keys(execution_id).meta, "inputs")
+        raw = await self.redis.hget(self.keys_of(execution_id).meta, "inputs")
         return dict(json.loads(raw)) if raw else {}
 
     async def snapshot(self, execution_id: str) -> dict[str, Any] | None:
         """The terminal snapshot written at finalization, or None while active."""
-        raw = await self.redis.get(keys.execution_keys(execution_id).snapshot)
+        raw = await self.redis.get(self.keys_of(execution_id).snapshot)
         return dict(json.loads(raw)) if raw else None
 
     async def events(
         self, execution_id: str, after: str = "-", count: int | None = None
     ) -> list[LedgerEvent]:
         raw: Any = await self.redis.xrange(
-            keys.execution_keys(execution_id).events, min=after, count=count
+            self.keys_of(execution_id).events, min=after, count=count
         )
         out: list[LedgerEvent] = []
         for eid, fields in raw:

@@ -9,17 +9,17 @@ socket timeout, whatever that client was configured with.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from airuntime.core.redis_client import RedisClient, connection_options
 
 __all__ = ["block_slice_s"]
 
 _MIN_SLICE_S = 0.01
 
 
-def block_slice_s(redis: Redis, wanted_s: float) -> float:
+def block_slice_s(redis: RedisClient, wanted_s: float) -> float:
     """At most ``wanted_s``, and at most half the socket timeout of ``redis``'s
     connections (no timeout configured: ``wanted_s``)."""
-    timeout = redis.connection_pool.connection_kwargs.get("socket_timeout")
+    timeout = connection_options(redis).get("socket_timeout")
     if timeout is None:
         return max(_MIN_SLICE_S, wanted_s)
     return max(_MIN_SLICE_S, min(wanted_s, float(timeout) / 2))

@@ -16,9 +16,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 
 DISCOVERY_TTL_MS = 10_000
 
@@ -31,7 +30,7 @@ class ControlPlaneRecord:
 
 
 async def publish_control_plane(
-    redis: Redis, control_plane_id: str, ttl_ms: int = DISCOVERY_TTL_MS
+    redis: RedisClient, control_plane_id: str, ttl_ms: int = DISCOVERY_TTL_MS
 ) -> None:
     doc = {
         "control_plane_id": control_plane_id,
@@ -41,7 +40,7 @@ async def publish_control_plane(
     await redis.set(keys.control_plane(), json.dumps(doc), px=ttl_ms)
 
 
-async def read_control_plane(redis: Redis) -> ControlPlaneRecord | None:
+async def read_control_plane(redis: RedisClient) -> ControlPlaneRecord | None:
     raw = await redis.get(keys.control_plane())
     if raw is None:
         return None
@@ -52,7 +51,7 @@ async def read_control_plane(redis: Redis) -> ControlPlaneRecord | None:
 
 
 async def resolve_control_plane_id(
-    redis: Redis, *, wait_s: float = 0.0, poll_s: float = 0.1
+    redis: RedisClient, *, wait_s: float = 0.0, poll_s: float = 0.1
 ) -> str | None:
     """The published control-plane id; waits up to ``wait_s`` for one to appear."""
     deadline = time.monotonic() + wait_s

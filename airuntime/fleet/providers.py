@@ -29,12 +29,12 @@ import uuid
 from typing import Any, Protocol
 
 import httpx
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
+from airuntime.core.redis_client import RedisClient
 from airuntime.fleet.blocking import block_slice_s
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunRequest
@@ -134,7 +134,7 @@ class RedisProvider:
 
     name = "redis"
 
-    def __init__(self, redis: Redis, timeout_s: float = 10.0) -> None:
+    def __init__(self, redis: RedisClient, timeout_s: float = 10.0) -> None:
         self.redis = redis
         self.timeout_s = timeout_s
 
@@ -249,7 +249,7 @@ def _parse_reply(instance_id: str, body: dict[str, Any]) -> str:
 def provider_for(
     name: str,
     *,
-    redis: Redis,
+    redis: RedisClient,
     local: LocalProvider | None = None,
     runtime_token: str | None = None,
 ) -> RuntimeProvider:

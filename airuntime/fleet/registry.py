@@ -30,9 +30,9 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
 
@@ -143,7 +143,7 @@ class InstanceDescriptor(BaseModel):
 class Registry:
     """Reads and writes instance descriptors and tenant settings."""
 
-    def __init__(self, redis: Redis, scripts: ScriptLibrary | None = None) -> None:
+    def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
         self.redis = redis
         self.scripts = scripts or library()
 

@@ -36,11 +36,10 @@ import time
 import uuid
 from typing import Any
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import AirError, ScriptError
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
@@ -80,7 +79,7 @@ class RunIndex:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         scripts: ScriptLibrary | None = None,
         *,
         retention_s: int = DEFAULT_RUN_RETENTION_S,

@@ -2,7 +2,8 @@
 
 Why this exists: Redis holds a finished execution only until its retention TTL; the
 history keeps it for good. Finalization (the ``finalize`` Lua include) queues the
-execution id on the archive outbox (``air:archive:outbox``) in the same atomic step and
+execution id on its bucket's archive outbox (``air:archive:outbox`` on a standalone
+server; one per bucket on a cluster, see airuntime.core.keys) in the same atomic step and
 gives the keys a long fallback TTL instead of the retention TTL. This loop:
 
 1. leases due outbox entries (``claimArchive-1.lua``: score -> now + lease), so an
@@ -31,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis.asyncio import Redis
-
 from airuntime.core import keys
+from airuntime.core.execution_layout import buckets_for, execution_keys_for
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
 from airuntime.history.errors import HistoryError, HistoryUnavailable
@@ -113,7 +114,7 @@ def _run_record(run_id: str, values: list[Any]) -> dict[str, str]:
     return {n: _s(v) for n, v in zip(_RUN_FIELDS, values, strict=True) if v is not None}
 
 
-async def _read_run_records(redis: Redis, run_ids: list[str]) -> list[dict[str, str]]:
+async def _read_run_records(redis: RedisClient, run_ids: list[str]) -> list[dict[str, str]]:
     """The runtime's run records (``air:run:<RunId>``), one round trip."""
     pipe = redis.pipeline(transaction=False)
     for rid in run_ids:
@@ -152,7 +153,7 @@ def _record(execution_id: str, hot: _Hot) -> ArchivedExecution:
 
 
 async def capture_executions(
-    redis: Redis, execution_ids: Sequence[str]
+    redis: RedisClient, execution_ids: Sequence[str]
 ) -> dict[str, Captured | Literal[False] | None]:
     """Each execution as Redis holds it (:func:`capture_execution`), in three round
     trips for the whole batch: the executions' keys; the run records of those that
@@ -160,7 +161,7 @@ async def capture_executions(
     out: dict[str, Captured | Literal[False] | None] = {}
     pipe = redis.pipeline(transaction=False)
     for eid in execution_ids:
-        ek = keys.execution_keys(eid)
+        ek = execution_keys_for(redis, eid)
         pipe.hgetall(ek.meta)
         pipe.get(ek.plan)
         pipe.get(ek.snapshot)
@@ -197,7 +198,7 @@ async def capture_executions(
     if reread:
         pipe = redis.pipeline(transaction=False)
         for eid in reread:
-            pipe.xrange(keys.execution_keys(eid).events)
+            pipe.xrange(execution_keys_for(redis, eid).events)
         for eid, raw_events in zip(reread, await pipe.execute(), strict=True):
             hot[eid].events = _events(eid, list(raw_events or []))
     for eid, h in hot.items():
@@ -205,7 +206,9 @@ async def capture_executions(
     return {eid: out[eid] for eid in execution_ids}
 
 
-async def capture_execution(redis: Redis, execution_id: str) -> Captured | Literal[False] | None:
+async def capture_execution(
+    redis: RedisClient, execution_id: str
+) -> Captured | Literal[False] | None:
     """The execution as Redis holds it; None when its keys are gone; False when it is
     not ready to archive (not finalized, or its runtime has not finished the run)."""
     return (await capture_executions(redis, [execution_id]))[execution_id]
@@ -216,7 +219,7 @@ class ExecutionArchiver:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         store: HistoryStore,
         *,
         batch: int = 256,
@@ -233,27 +236,51 @@ class ExecutionArchiver:
         self.idle_s = idle_s
         self.scripts = scripts or library()
         self.stats = ArchiveStats()
+        self.buckets = buckets_for(redis)
+        self._per_bucket = max(1, -(-batch // self.buckets))
+        self._saturated = False
 
     async def run(self, ctx: LoopContext) -> None:
         while True:
             try:
-                done = await self.archive_once()
+                await self.archive_once()
             except Exception:
                 self.stats.errors += 1
                 raise
             ctx.ok()
-            if done < self.batch:  # caught up: let the next batch gather
+            if not self._saturated:  # caught up: let the next batch gather
                 await asyncio.sleep(self.idle_s)
 
     async def backlog(self) -> int:
-        """Finalized executions not archived yet (the outbox's length)."""
-        return int(await self.redis.zcard(keys.archive_outbox()))
+        """Finalized executions not archived yet (the outboxes' length)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for bucket in keys.execution_buckets(self.buckets):
+            pipe.zcard(bucket.outbox)
+        return sum(int(n) for n in await pipe.execute())
 
     async def lease(self) -> list[str]:
-        raw = await self.scripts.call(
-            self.redis, "claimArchive", [keys.archive_outbox()], [self.batch, self.lease_ms]
-        )
-        return [_s(x) for x in raw]
+        """Lease up to ``batch`` due entries: one ``claimArchive`` per bucket (one on a
+        standalone server), ``batch / buckets`` each, pipelined. ``_saturated`` tells
+        whether some bucket had more (then the next batch follows at once)."""
+        calls: list[tuple[list[str], list[str | int]]] = [
+            ([bucket.outbox], [self._per_bucket, self.lease_ms])
+            for bucket in keys.execution_buckets(self.buckets)
+        ]
+        replies = await self.scripts.call_many(self.redis, "claimArchive", calls)
+        leased: list[str] = []
+        self._saturated = False
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply  # what the other buckets leased is due again after the lease
+            leased += [_s(x) for x in reply]
+            self._saturated = self._saturated or len(reply) >= self._per_bucket
+        return leased
+
+    def _by_outbox(self, ids: Sequence[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for eid in ids:
+            out.setdefault(keys.bucket_of(eid, self.buckets).outbox, []).append(eid)
+        return out
 
     async def archive_once(self) -> int:
         """Lease one batch and archive it; how many entries were settled or deferred.
@@ -272,11 +299,13 @@ class ExecutionArchiver:
         if deferred:
             self.stats.deferred += len(deferred)
             due = await self._redis_ms() + self.defer_ms
-            await self.redis.zadd(keys.archive_outbox(), dict.fromkeys(deferred, due), xx=True)
+            for outbox, ids_ in self._by_outbox(deferred).items():
+                await self.redis.zadd(outbox, dict.fromkeys(ids_, due), xx=True)
         if vanished:
             self.stats.vanished += len(vanished)
             log.warning("executions %s expired before they were archived", ", ".join(vanished))
-            await self.redis.zrem(keys.archive_outbox(), *vanished)
+            for outbox, ids_ in self._by_outbox(vanished).items():
+                await self.redis.zrem(outbox, *ids_)
         if ready:
             ready = await self._write(ready)
             regrown = await self.settle([(c.record.execution_id, len(c.events)) for c in ready])
@@ -314,10 +343,10 @@ class ExecutionArchiver:
         pipelined ``settleArchive`` per ``(execution id, ledger entries archived)``.
         Returns how many were not settled because their ledger grew meanwhile (due
         again now, to be archived with the new entries)."""
-        calls: list[tuple[list[str], list[str | int]]] = [
-            ([*keys.execution_keys(eid).all(), keys.archive_outbox()], [eid, entries])
-            for eid, entries in archived
-        ]
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for eid, entries in archived:
+            ek = keys.execution_keys(eid, self.buckets)
+            calls.append(([*ek.all(), ek.bucket.outbox], [eid, entries]))
         results = await self.scripts.call_many(self.redis, "settleArchive", calls)
         for reply in results:
             if isinstance(reply, Exception):

@@ -5,7 +5,7 @@
   has run out, and the next claim re-reads them (the durable write is idempotent).
 
   Input:
-    KEYS[1] air:archive:outbox
+    KEYS[1] one bucket's archive outbox (air:archive:outbox standalone)
     ARGV[1] most entries to lease (N >= 1)
     ARGV[2] lease, milliseconds
 

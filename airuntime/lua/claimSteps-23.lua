@@ -10,8 +10,8 @@
 
   Input:
     KEYS[1..21] the execution's keys
-    KEYS[22] air:executions:active (finalizing removes the execution from it)
-    KEYS[23] air:archive:outbox (finalizing queues the execution for the archiver)
+    KEYS[22] air:executions:active (of the execution's bucket) (finalizing removes the execution from it)
+    KEYS[23] air:archive:outbox (of the execution's bucket) (finalizing queues the execution for the archiver)
     ARGV[1] owner (worker id)
     ARGV[2] maximum number of steps to claim
     ARGV[3] lease, milliseconds

@@ -8,8 +8,8 @@
 
   Input:
     KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES)
-    KEYS[22] air:executions:active   KEYS[23] air:archive:outbox (not written here)
-    KEYS[24] air:executions
+    KEYS[22] air:executions:active (of the execution's bucket)   KEYS[23] air:archive:outbox (of the execution's bucket) (not written here)
+    KEYS[24] air:executions (of the execution's bucket)
     ARGV[1]  execution id
     ARGV[2]  plan JSON
     ARGV[3]  plan digest

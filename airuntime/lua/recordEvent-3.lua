@@ -6,9 +6,9 @@
   the new entry, so evidence written after the archive is not lost to it.
 
   Input:
-    KEYS[1] the execution's ledger stream (air:{ex:<E>}:events)
-    KEYS[2] the execution's meta (air:{ex:<E>}:meta)
-    KEYS[3] air:archive:outbox
+    KEYS[1] the execution's ledger stream (air:{e:<E>}:events)
+    KEYS[2] the execution's meta (air:{e:<E>}:meta)
+    KEYS[3] air:archive:outbox (of the execution's bucket)
     ARGV[1] execution id
     ARGV[2..] field, value, field, value, ... (the entry; includes `type`)
 

@@ -12,7 +12,7 @@
   Input:
     KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES; KEYS[20]
                 is the ledger stream)
-    KEYS[22] air:archive:outbox
+    KEYS[22] air:archive:outbox (of the execution's bucket)
     ARGV[1] execution id
     ARGV[2] ledger entries the archive holds ('' = do not check)
 

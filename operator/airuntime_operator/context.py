@@ -13,8 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
+from airuntime.core.redis_client import RedisClient, connect
 from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.k8s.client import KubeApi, load_configuration
 from airuntime_operator.settings import OperatorSettings
@@ -63,7 +62,7 @@ class OperatorContext:
 
     settings: OperatorSettings
     _kube: KubeApi | None = None
-    _redis: Redis | None = None
+    _redis: RedisClient | None = None
     _view: RegistryView | None = None
     claimed_instances: dict[str, str] = field(default_factory=dict)
     """Runtime instance id -> uid of the scale-out request it fulfilled (this process)."""
@@ -92,7 +91,7 @@ class OperatorContext:
 
     async def open(self) -> None:
         """Connect to Redis (checked with PING) and to the API server."""
-        redis = Redis.from_url(self.settings.redis_url)
+        redis = connect(self.settings.redis_url, client_name="airt-operator")
         await redis.ping()
         self._redis = redis
         self._view = RegistryView(Registry(redis), self.settings.registry_cache_seconds)

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
 
-from airuntime.core.redis_client import connect
+from airuntime.core.redis_client import CountingRedisCluster, connect
 from airuntime.core.resp_packing import HiredisPacking, use_hiredis_packing
 from tests.conftest import RedisServerInfo
 
@@ -73,3 +73,16 @@ async def test_a_connected_client_speaks_to_the_server_through_it(
         assert await client.mget(keys) == [str(i).encode() for i in range(30)]
     finally:
         await client.aclose()
+
+
+async def test_a_cluster_client_packs_with_hiredis_on_every_node(
+    cluster_redis: CountingRedisCluster,
+) -> None:
+    keys = [f"packing:{i}" for i in range(60)]  # spread over the shards' slots
+    for i, key in enumerate(keys):
+        await cluster_redis.set(key, f"ключ {i}")
+    assert await cluster_redis.mget_nonatomic(keys) == [f"ключ {i}".encode() for i in range(60)]
+    nodes = cluster_redis.get_nodes()
+    assert len({n.port for n in cluster_redis.get_primaries()}) == 3
+    for node in nodes:
+        assert issubclass(node.connection_class, HiredisPacking), node

@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
+from airuntime.core.redis_client import RedisClient
 from airuntime.engine.concurrency import ConcurrencyContext, ConcurrencyLeases
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext
@@ -21,8 +21,9 @@ SCOPE = "openai/gpt-x/chat"
 
 
 @pytest.fixture
-def store(redis: Redis) -> ExecutionStore:
-    return ExecutionStore(redis)
+def store(engine_redis: RedisClient) -> ExecutionStore:
+    """On the embedded Valkey, redis-server 7 and a 3-shard Valkey Cluster."""
+    return ExecutionStore(engine_redis)
 
 
 def registry(**handlers: Any) -> HandlerRegistry:
@@ -174,7 +175,7 @@ async def test_policy_denial_acquires_no_lease(store: ExecutionStore) -> None:
 class _ObservedLeases(ConcurrencyLeases):
     """Real leases that signal denials and releases to the test."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         super().__init__(redis)
         self.denied = asyncio.Event()
         self.released = asyncio.Event()

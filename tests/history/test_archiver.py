@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.redis_client import CountingRedisCluster
 from airuntime.core.supervision import Backoff, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
@@ -310,3 +311,31 @@ async def test_evidence_the_runtime_writes_while_the_archiver_looks_is_archived(
     types = [e.type for e in captured.events]
     assert types[-2:] == ["run_started", "step_slots"], types
     assert [e.seq for e in captured.events] == list(range(len(types)))
+
+
+async def test_the_archiver_drains_every_bucket_of_a_cluster(
+    cluster_redis: CountingRedisCluster, history: HistoryStore
+) -> None:
+    """On a cluster each execution is queued on its own bucket's outbox (its slot); the
+    archiver leases from all buckets in one pipelined round, archives exactly what Redis
+    held, settles each in its bucket, and late evidence re-queues it there."""
+    eids = await run_executions(cluster_redis, 12, retention_s=RETENTION_S, hold_s=HOLD_S)
+    buckets = {keys.bucket_of(e, keys.CLUSTER_EXECUTION_BUCKETS).outbox for e in eids}
+    assert len(buckets) > 1, "the executions landed in several buckets"
+    hot = {eid: await capture_execution(cluster_redis, eid) for eid in eids}
+    archiver = ExecutionArchiver(cluster_redis, history)
+    assert await archiver.backlog() == 12
+    # batch / 128 buckets = 2 a bucket per round: a bucket holding 3 needs a second one.
+    rounds = [await archiver.archive_once()]
+    while rounds[-1] and len(rounds) <= 12:
+        rounds.append(await archiver.archive_once())
+    assert sum(rounds) == 12 and rounds[-1] == 0
+    assert await archiver.backlog() == 0
+    for eid in eids:
+        await assert_archived_equals(history, hot[eid])
+        events = keys.execution_keys(eid, keys.CLUSTER_EXECUTION_BUCKETS).events
+        assert 0 < await cluster_redis.ttl(events) <= RETENTION_S
+    store = ExecutionStore(cluster_redis)
+    assert await store.record_event(eids[0], "step_slots", {"runtime.instance.id": "helper"})
+    assert await archiver.backlog() == 1
+    assert await archiver.lease() == [eids[0]]

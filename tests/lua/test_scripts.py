@@ -6,10 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 
 from airuntime import __version__
 from airuntime.core.errors import ScriptError
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import LUA_DIR, ScriptLibrary, library, load_script
 
 SCRIPTS = sorted(LUA_DIR.glob("*.lua"))
@@ -70,7 +72,8 @@ async def test_the_key_count_is_checked_on_every_call(redis: Redis) -> None:
         await library().call(redis, "releaseLease", ["a", "b"], ["h"])
 
 
-async def test_a_flushed_script_cache_is_reloaded_transparently(redis: Redis) -> None:
+async def test_a_flushed_script_cache_is_reloaded_transparently(engine_redis: RedisClient) -> None:
+    redis = engine_redis
     lib = library()
     assert await lib.call(redis, "releaseLease", ["air:{l:x}:holders"], ["h"]) == 0
     await redis.script_flush()
@@ -78,8 +81,11 @@ async def test_a_flushed_script_cache_is_reloaded_transparently(redis: Redis) ->
 
 
 async def test_pipelined_calls_reload_a_flushed_cache_and_check_every_key_count(
-    redis: Redis,
+    engine_redis: RedisClient,
 ) -> None:
+    """On a cluster the five keys live on different primaries: one pipeline per node,
+    NOSCRIPT from each, the script loaded on every primary, the refused calls resent."""
+    redis = engine_redis
     lib = library()
     calls = [([f"air:{{l:{i}}}:holders"], [f"h{i}"]) for i in range(5)]
     await redis.zadd("air:{l:3}:holders", {"h3": 1})
@@ -89,6 +95,31 @@ async def test_pipelined_calls_reload_a_flushed_cache_and_check_every_key_count(
     with pytest.raises(ScriptError, match="takes 1 keys, was called with 2"):
         await lib.call_many(redis, "releaseLease", [*calls, (["a", "b"], ["h"])])
     assert await lib.call_many(redis, "releaseLease", []) == []
+
+
+async def test_a_cluster_node_that_lost_its_scripts_gets_them_again(
+    cluster_redis: RedisCluster,
+) -> None:
+    """One primary restarted (or promoted) with an empty script cache while the others
+    keep theirs: the call routed there answers NOSCRIPT, the script is loaded, the call
+    succeeds; the other nodes are not disturbed."""
+    lib = library()
+    key = "air:{l:one}:holders"
+    assert await lib.call(cluster_redis, "releaseLease", [key], ["h"]) == 0
+    node = cluster_redis.get_node_from_key(key)
+    sha = lib["releaseLease"].sha
+    await cluster_redis.execute_command("SCRIPT FLUSH", target_nodes=node)
+    assert await _script_on(cluster_redis, node, sha) is False
+    await cluster_redis.zadd(key, {"h": 1})
+    assert await lib.call(cluster_redis, "releaseLease", [key], ["h"]) == 1
+    assert await _script_on(cluster_redis, node, sha) is True
+    others = [n for n in cluster_redis.get_primaries() if n.name != node.name]
+    assert [await _script_on(cluster_redis, n, sha) for n in others] == [True, True]
+
+
+async def _script_on(cluster: RedisCluster, node: ClusterNode, sha: str) -> bool:
+    (exists,) = await cluster.execute_command("SCRIPT EXISTS", sha, target_nodes=node)
+    return bool(exists)
 
 
 # -- self-contained includes ---------------------------------------------------------------

@@ -69,6 +69,7 @@ async def test_finished_runs_leave_no_runtime_key_once_their_retention_has_passe
         keys.run_outcomes(),  # capped (MAXLEN ~ OUTCOMES_MAXLEN), read by the control plane
         keys.executions_index(),  # the engine's listing of executions (the engine's to bound)
         keys.archive_outbox(),  # no archiver here: trimmed by finalizations past the hold
+        keys.execution_layout(),  # one small marker per deployment: the bucket count
     }
 
     async def only_kept_keys() -> bool:

@@ -12,14 +12,13 @@ providers.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.api.deps import ApiContext
 from airuntime.control_plane.mcp.access import McpAccess
 from airuntime.control_plane.mcp.server import build_server
 from airuntime.control_plane.rbac import Authenticator, Capability, Principal
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.core.redis_client import RedisClient
 from airuntime.history import open_history_store
 
 
@@ -29,7 +28,7 @@ def local_admin(tenant_id: str) -> Principal:
 
 
 async def serve_stdio(
-    redis: Redis,
+    redis: RedisClient,
     principal: Principal,
     settings: ControlPlaneSettings,
     auth: Authenticator | None = None,

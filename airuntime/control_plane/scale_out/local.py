@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from redis.asyncio import Redis
-
 from airuntime.control_plane.scale_out.requests import ScaleOutRejected, ScaleOutRequest
+from airuntime.core.redis_client import RedisClient
 from airuntime.core.settings import HOME_ENV, env_name
 from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.registry import Registry
@@ -76,7 +75,7 @@ class LocalScaler:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         redis_url: str,
         *,
         ready_timeout_s: float = 60.0,

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
-from redis.asyncio import Redis
 
 from airuntime.control_plane.json_records import update_record
 from airuntime.core import keys
 from airuntime.core.errors import AirError
+from airuntime.core.redis_client import RedisClient
 from airuntime.fleet.tenancy import TenantSettings
 from airuntime.k8s.v1alpha1 import ScaleOutPhase as ScaleOutPhase  # the contract's, re-exported
 
@@ -74,7 +74,7 @@ class ScaleOutBackoff:
 
 
 class ScaleOutStore:
-    def __init__(self, redis: Redis, backoff: ScaleOutBackoff | None = None) -> None:
+    def __init__(self, redis: RedisClient, backoff: ScaleOutBackoff | None = None) -> None:
         self.redis = redis
         self.backoff = backoff or ScaleOutBackoff()
 

@@ -1,0 +1,51 @@
+"""Which execution bucket layout a client's deployment uses, and the guard against
+switching it with data in place.
+
+Why this exists: on a Redis Cluster every execution script must stay in one hash slot,
+so executions are grouped in buckets that carry their own indexes (the slot layout in
+:mod:`airuntime.core.keys`). The bucket count follows from the client: 1 on a standalone
+server, :data:`~airuntime.core.keys.CLUSTER_EXECUTION_BUCKETS` on a cluster. Data
+written under one count is invisible under another (its index entries live in other
+keys), so the count is recorded once in ``air:execution-layout`` and every process that
+creates executions checks it before its first write (:func:`check_layout`).
+"""
+
+from __future__ import annotations
+
+from airuntime.core import keys
+from airuntime.core.errors import ConfigError
+from airuntime.core.redis_client import RedisClient, is_cluster
+
+__all__ = ["LayoutMismatch", "buckets_for", "check_layout", "execution_keys_for"]
+
+
+class LayoutMismatch(ConfigError):
+    """The server holds executions written with another bucket count."""
+
+
+def buckets_for(client: RedisClient) -> int:
+    """1 on a standalone server, the cluster bucket count on a cluster."""
+    return keys.CLUSTER_EXECUTION_BUCKETS if is_cluster(client) else 1
+
+
+def execution_keys_for(client: RedisClient, execution_id: str) -> keys.ExecutionKeys:
+    """The keys of ``execution_id`` in ``client``'s layout."""
+    return keys.execution_keys(execution_id, buckets_for(client))
+
+
+async def check_layout(client: RedisClient) -> int:
+    """Record the bucket count if none is recorded yet; raise :class:`LayoutMismatch`
+    when another one is. Returns the bucket count."""
+    buckets = buckets_for(client)
+    key = keys.execution_layout()
+    await client.set(key, str(buckets), nx=True)
+    raw = await client.get(key)
+    found = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if found != str(buckets):
+        raise LayoutMismatch(
+            f"{key} says the executions here were written with {found} bucket(s), this "
+            f"client uses {buckets} ({'cluster' if buckets > 1 else 'standalone'}): "
+            "moving between a standalone server and a cluster needs the executions "
+            "drained (or the keys migrated), not a restart with another URL."
+        )
+    return buckets
