@@ -20,6 +20,9 @@ from importlib.metadata import entry_points
 from typing import Annotated
 
 import typer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
+from rich.markup import escape
 
 from airuntime.cli import (
     client,
@@ -32,7 +35,8 @@ from airuntime.cli import (
     run_commands,
     server,
 )
-from airuntime.cli.common import EXIT_OK, invalid, out
+from airuntime.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, console, invalid, out
+from airuntime.core.redis_client import RedisUrlError
 from airuntime.core.version import installed_version
 
 app = typer.Typer(
@@ -110,7 +114,19 @@ def main() -> None:
     ):
         group.register(app)
     _load_plugins()
-    app()
+    try:
+        app()
+    except RedisUrlError as exc:
+        raise SystemExit(_fail(str(exc), EXIT_INVALID)) from None
+    except (RedisConnectionError, RedisClusterException) as exc:
+        # Raised out of a command: the Redis it was given does not answer (a bad
+        # host, port or password, or a server that is down), not a bug of airt's.
+        raise SystemExit(_fail(f"cannot reach Redis: {exc}", EXIT_FAILED)) from None
+
+
+def _fail(message: str, code: int) -> int:
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -35,11 +35,13 @@ __all__ = [
     "CountingRedis",
     "CountingRedisCluster",
     "RedisClient",
+    "RedisUrlError",
     "clone",
     "connect",
     "connection_options",
     "is_cluster",
     "is_cluster_url",
+    "redacted",
 ]
 
 CLUSTER_SCHEME = "redis+cluster"
@@ -182,7 +184,9 @@ def _cluster(url: str, options: dict[str, Any]) -> CountingRedisCluster:
     for seed in seeds.split(","):
         host, sep, port = seed.strip().rpartition(":")
         if not sep or not host or not port.isdigit():
-            raise ValueError(f"redis+cluster URL seed {seed!r} is not host:port (in {url!r})")
+            raise RedisUrlError(
+                f"redis+cluster URL seed {seed!r} is not host:port (in {redacted(url)!r})"
+            )
         nodes.append(ClusterNode(host, int(port)))
     options.update(dict(parse_qsl(parts.query)))
     return CountingRedisCluster(startup_nodes=nodes, **options)
@@ -199,10 +203,37 @@ def _packing_with_hiredis(client: CountingRedisCluster) -> CountingRedisCluster:
     return client
 
 
+class RedisUrlError(ValueError):
+    """A Redis URL airuntime cannot use (its scheme, its seeds); the message names the
+    URL without its password."""
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
 def connect(url: str, **options: Any) -> CountingRedis | CountingRedisCluster:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``, or a cluster: see
     the module doc); bytes replies; commands packed by hiredis
-    (:mod:`airuntime.core.resp_packing`)."""
+    (:mod:`airuntime.core.resp_packing`). :class:`RedisUrlError` for a URL it cannot
+    use (nothing is connected before the first command)."""
+    try:
+        return _connect(url, options)
+    except RedisUrlError:
+        raise
+    except ValueError as exc:  # redis-py's own URL checks (scheme, port, options)
+        raise RedisUrlError(
+            f"invalid Redis URL {redacted(url)!r}: {exc} "
+            f"(a cluster: {CLUSTER_SCHEME}://host:port[,host:port...])"
+        ) from None
+
+
+def _connect(url: str, options: dict[str, Any]) -> CountingRedis | CountingRedisCluster:
     options.setdefault("health_check_interval", 30)
     if not url.startswith("unix:"):
         options.setdefault("socket_keepalive", True)

@@ -144,6 +144,7 @@ def test_runtime_settings_keep_their_defaults_and_variables(clean_env: pytest.Mo
         "queue_capacity": 100,
         "max_local_workers_per_execution": 4,
         "max_concurrent_step_tasks": 0,
+        "step_slots_from_tenant": False,
         "provider": "redis",
         "heartbeat_s": 2.0,
         "lease_ms": 15_000,
@@ -212,3 +213,26 @@ def test_control_plane_settings_from_the_environment_only_for_the_server(
     # A control plane built in code (airt up, tests) reads no environment.
     built = ControlPlaneSettings(background_pump=False)
     assert built.submit_mode is SubmitMode.QUEUE_FIRST and built.pump_enabled
+
+
+@pytest.mark.parametrize(
+    ("url", "code", "says"),
+    [
+        pytest.param("bogus://x", 2, "invalid Redis URL 'bogus://x'", id="scheme"),
+        pytest.param(
+            "redis+cluster://user:s3cret@nohostport",
+            2,
+            "seed 'nohostport' is not host:port (in 'redis+cluster://user:***@nohostport')",
+            id="cluster-seed",
+        ),
+        pytest.param("redis://:s3cret@127.0.0.1:1/0", 1, "cannot reach Redis", id="down"),
+        pytest.param("redis+cluster://127.0.0.1:1", 1, "cannot reach Redis", id="cluster-down"),
+    ],
+)
+def test_a_redis_url_that_cannot_be_used_is_one_error_line_not_a_traceback(
+    url: str, code: int, says: str
+) -> None:
+    ran = airt("run", "retries", "--json", **{REDIS_URL_ENV: url})
+    assert ran.returncode == code, ran.stderr
+    assert says in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+    assert "s3cret" not in ran.stderr + ran.stdout
