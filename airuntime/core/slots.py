@@ -1,0 +1,106 @@
+"""Hash-slot guard: every Lua script call and every MULTI/EXEC touches one slot.
+
+Why this module exists: on a Redis/Valkey Cluster a script or a transaction whose keys
+live in more than one hash slot is refused with CROSSSLOT, while a standalone server
+runs it without a word. The suite runs on standalone servers, so a key layout mistake
+would only show on a cluster. :func:`ensure_single_slot` computes the slots the way
+the cluster does (:func:`redis.crc.key_slot`, hash tags included) and refuses a
+cross-slot call on any server; :class:`~airuntime.core.scripts.ScriptLibrary` calls
+it for every script call and the transaction sites call :func:`ensure_transaction_slot`,
+both when :func:`slot_check_enabled` (``AIRUNTIME_SLOT_CHECK=1``; the test suite turns
+it on for every test).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from redis.crc import key_slot
+
+from airuntime.core.errors import ScriptError
+
+SLOT_CHECK_ENV: Final = "AIRUNTIME_SLOT_CHECK"
+
+CROSS_SLOT_SCRIPTS_UNTIL_EXECUTION_TAGS: Final = frozenset(
+    {
+        "createExecution",
+        "finalizeExecution",
+        "settleArchive",
+        "recordEvent",
+        # The -23 scripts may finalize (the ``finalize`` include) and so take the
+        # global ``air:executions:active`` and ``air:archive:outbox`` too.
+        "claimSteps",
+        "completeSteps",
+        "controlExecution",
+        "failStep",
+        "provideInput",
+        "recoverStale",
+        "stopSteps",
+    }
+)
+"""TEMPORARY allow-list: the execution scripts that still combine ``{e:<E>}`` keys with
+the global execution indexes and archive outbox. The branch that moves those keys
+(issue #17, the per-execution key family) deletes this constant and its use in
+:func:`check_script`; every other script is checked."""
+
+
+def slot_check_enabled() -> bool:
+    """Whether script calls and transactions are checked (``AIRUNTIME_SLOT_CHECK=1``)."""
+    return os.environ.get(SLOT_CHECK_ENV, "") == "1"
+
+
+def _text(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else key.encode()
+
+
+def slots_of(keys: Iterable[str | bytes]) -> dict[int, list[str]]:
+    """The hash slots of ``keys`` (as a cluster computes them), each with its keys."""
+    out: dict[int, list[str]] = {}
+    for key in keys:
+        raw = _text(key)
+        out.setdefault(key_slot(raw), []).append(raw.decode(errors="replace"))
+    return out
+
+
+def ensure_single_slot(what: str, keys: Sequence[str | bytes]) -> None:
+    """Raise :class:`ScriptError` naming ``what`` and each slot's keys when ``keys``
+    span more than one hash slot (a cluster would refuse the call: CROSSSLOT)."""
+    slots = slots_of(keys)
+    if len(slots) <= 1:
+        return
+    detail = "; ".join(f"slot {slot}: {', '.join(ks)}" for slot, ks in sorted(slots.items()))
+    raise ScriptError(f"{what} touches {len(slots)} hash slots (CROSSSLOT on a cluster): {detail}")
+
+
+def check_script(name: str, keys: Sequence[str | bytes]) -> None:
+    """The guard of one script call, when enabled (the allow-list aside)."""
+    if not slot_check_enabled():
+        return
+    if name in CROSS_SLOT_SCRIPTS_UNTIL_EXECUTION_TAGS:
+        return
+    ensure_single_slot(f"Lua script {name!r}", keys)
+
+
+_ALL_ARGS_ARE_KEYS: Final = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
+
+
+def _command_keys(args: Sequence[Any]) -> list[str | bytes]:
+    """The keys of one queued command (what the transaction sites use: the first
+    argument, or every argument of the multi-key commands)."""
+    name = str(args[0]).upper()
+    if name in ("MULTI", "EXEC", "DISCARD", "UNWATCH"):
+        return []
+    rest = [a if isinstance(a, bytes) else str(a) for a in args[1:]]
+    return rest if name in _ALL_ARGS_ARE_KEYS else rest[:1]
+
+
+def ensure_transaction_slot(what: str, pipe: Any, *watched: str | bytes) -> None:
+    """The guard of one MULTI/EXEC transaction, when enabled: the keys of the commands
+    queued on ``pipe`` (a redis-py pipeline, checked just before ``execute``) and the
+    ``watched`` keys must be in one hash slot."""
+    if not slot_check_enabled():
+        return
+    queued = [k for args, _ in pipe.command_stack for k in _command_keys(args)]
+    ensure_single_slot(f"transaction {what!r}", [*watched, *queued])
