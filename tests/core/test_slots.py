@@ -22,6 +22,10 @@ def guard_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SLOT_CHECK_ENV, "1")
 
 
+def test_the_suite_runs_with_the_guard_on() -> None:
+    assert slot_check_enabled()
+
+
 def test_keys_with_one_hash_tag_share_a_slot_and_others_do_not() -> None:
     assert len(slots_of(["air:{q:t1}:pending", "air:{q:t1}:item:sr-1"])) == 1
     assert len(slots_of(["air:{q:t1}:pending", "air:{q:t2}:pending"])) == 2

@@ -1,0 +1,106 @@
+"""The index of tenants whose shared queue may hold work, and a look at their queues.
+
+Why this module exists: the shared queue is sharded per tenant (``air:{q:<tenant>}:*``,
+one hash slot per tenant) so its traffic spreads over a Redis Cluster, but a pump
+must still see every tenant's queue to claim the oldest items first. The index
+``air:{air}:squeue:tenants`` (zset, score = announce generation) names the tenants
+that may have work; :meth:`QueueTenants.heads` reads the head of each listed
+tenant's queue in one pipelined round trip.
+
+The index lives in another slot than the queues, so it cannot change in the same
+script as an item. The protocol keeps it from ever losing a tenant that has work:
+
+* an enqueue puts the item Pending *first*, then announces the tenant
+  (``ZINCRBY 1``: a new generation);
+* a pump that finds a tenant's queue empty (nothing pending, nothing claimed) drops
+  the tenant only if its generation is still the one it read before looking
+  (``retireQueueTenant-1.lua``). An announce that came after the read changed the
+  generation (the tenant stays); one that comes after the drop puts it back.
+
+A process that dies between its item and its announce leaves a Pending item of an
+unlisted tenant: the reconciler announces the tenant of every QueuedGlobally run
+whose item waits (:meth:`SharedQueue.enqueue` announces even when the item was
+already queued), so it is found again within one reconciler pass.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from airuntime.core import keys
+from airuntime.core.scripts import ScriptLibrary
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantHead:
+    """The head of one tenant's queue as one pump saw it."""
+
+    tenant_id: str
+    generation: int
+    pending: list[tuple[str, float]]
+    """Up to the asked depth of Pending items, oldest first: (SharedRunId, score)."""
+    claimed: int
+    """Items claimed by pumps (not yet settled)."""
+    claim_expired: bool
+    """The oldest claim's lease has run out (its pump died): it needs recovering."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.pending and self.claimed == 0
+
+
+class QueueTenants:
+    """The per-tenant queue index: announce, look at the heads, retire empty tenants."""
+
+    def __init__(self, redis: Redis, scripts: ScriptLibrary) -> None:
+        self.redis = redis
+        self.scripts = scripts
+
+    async def announce(self, tenant_id: str) -> None:
+        """``tenant_id`` has (or may have) work: listed, with a new generation."""
+        await self.redis.zincrby(keys.squeue_tenants(), 1, tenant_id)
+
+    async def listed(self) -> list[tuple[str, int]]:
+        """Every listed tenant with its generation."""
+        raw: Any = await self.redis.zrange(keys.squeue_tenants(), 0, -1, withscores=True)
+        return [(_s(t), int(g)) for t, g in raw]
+
+    async def heads(self, depth: int, skip: frozenset[str] = frozenset()) -> list[TenantHead]:
+        """The first ``depth`` Pending items and the claims of every listed tenant not
+        in ``skip``, read in one pipelined round trip."""
+        listed = [(t, g) for t, g in await self.listed() if t not in skip]
+        if not listed:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant, _ in listed:
+            pipe.zrange(keys.squeue_pending(tenant), 0, max(1, depth) - 1, withscores=True)
+            pipe.zrange(keys.squeue_claimed(tenant), 0, 0, withscores=True)
+            pipe.zcard(keys.squeue_claimed(tenant))
+        replies = await pipe.execute()
+        now_ms = time.time() * 1000
+        out = []
+        for i, (tenant, generation) in enumerate(listed):
+            pending, first_claim, claimed = replies[3 * i : 3 * i + 3]
+            expired = bool(first_claim) and float(first_claim[0][1]) <= now_ms
+            items = [(_s(m), float(score)) for m, score in pending]
+            out.append(TenantHead(tenant, generation, items, int(claimed), expired))
+        return out
+
+    async def retire(self, head: TenantHead) -> bool:
+        """Drop ``head``'s tenant from the index if it was empty and nobody announced
+        it since ``head`` was read (see the module docstring)."""
+        reply = await self.scripts.call(
+            self.redis,
+            "retireQueueTenant",
+            [keys.squeue_tenants()],
+            [head.tenant_id, head.generation],
+        )
+        return int(reply) == 1
