@@ -1,7 +1,7 @@
 """Shared runs end: Succeeded / Failed / Cancelled, and no cancel is ever written over.
 
 * The outcome reader ends a run from the runtime's outcome (a ``RunOutcome`` entry on
-  ``air:run-outcomes``, written here exactly as a runtime writes it), acknowledges the
+  ``air:{air}:run-outcomes``, written here exactly as a runtime writes it), acknowledges the
   entry only after that, and re-reads what it read but did not acknowledge after a
   restart. Outcomes of another tenant or another RunId change nothing.
 * The reconciler ends a dispatched run whose runtime run is terminal when no outcome
