@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -177,6 +178,30 @@ async def test_a_retire_loses_to_an_announce_in_either_order(redis: Redis) -> No
     await index.announce("tenant-a")
     got = await queue.claim_next("pump")
     assert got is not None and got.shared_run_id == "sr-c"
+
+
+class AnnounceProbe(Redis):
+    """A real client that, when a tenant is announced, reads the state of the item the
+    enqueue is about: the protocol needs it Pending already."""
+
+    item_key = ""
+    seen: list[bytes | None]
+
+    async def zincrby(self, name: Any, amount: float, value: Any) -> Any:
+        self.seen.append(await self.hget(self.item_key, "status"))
+        return await super().zincrby(name, amount, value)
+
+
+async def test_an_enqueue_announces_its_tenant_only_after_its_item_is_pending(
+    redis: Redis, redis_server: Any
+) -> None:
+    probe = AnnounceProbe.from_url(redis_server.url)
+    probe.item_key, probe.seen = keys.squeue_item("tenant-p", "sr-p"), []
+    try:
+        assert await SharedQueue(probe).enqueue("sr-p", "tenant-p")
+    finally:
+        await probe.aclose()
+    assert probe.seen == [b"Pending"]
 
 
 async def test_an_expired_claim_of_a_tenant_with_nothing_pending_is_recovered(
