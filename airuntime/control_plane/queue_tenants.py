@@ -46,11 +46,18 @@ class TenantHead:
     tenant_id: str
     generation: int
     pending: list[tuple[str, float]]
-    """Up to the asked depth of Pending items, oldest first: (SharedRunId, score)."""
+    """The first Pending items, oldest first: (SharedRunId, score)."""
     claimed: int
     """Items claimed by pumps (not yet settled)."""
     claim_expired: bool
     """The oldest claim's lease has run out (its pump died): it needs recovering."""
+    depth: int
+    """How many Pending items were asked for: fewer came back, so none is left out."""
+
+    @property
+    def complete(self) -> bool:
+        """Every Pending item of the tenant was read (fewer than ``depth`` came back)."""
+        return len(self.pending) < self.depth
 
     @property
     def empty(self) -> bool:
@@ -73,12 +80,15 @@ class QueueTenants:
         raw: Any = await self.redis.zrange(keys.squeue_tenants(), 0, -1, withscores=True)
         return [(_s(t), int(g)) for t, g in raw]
 
-    async def heads(self, depth: int, skip: frozenset[str] = frozenset()) -> list[TenantHead]:
-        """The first ``depth`` Pending items and the claims of every listed tenant not
-        in ``skip``, read in one pipelined round trip."""
+    async def heads(self, count: int, skip: frozenset[str] = frozenset()) -> list[TenantHead]:
+        """The first Pending items and the claims of every listed tenant not in
+        ``skip``, read in one pipelined round trip: enough items per tenant for the
+        ``count`` oldest over all of them when the tenants' queues are alike (twice a
+        fair share; :meth:`older_than` reads the rest of a tenant that may have more)."""
         listed = [(t, g) for t, g in await self.listed() if t not in skip]
         if not listed:
             return []
+        depth = min(max(1, count), max(4, -(-2 * count // len(listed))))
         pipe = self.redis.pipeline(transaction=False)
         for tenant, _ in listed:
             pipe.zrange(keys.squeue_pending(tenant), 0, max(1, depth) - 1, withscores=True)
@@ -91,8 +101,21 @@ class QueueTenants:
             pending, first_claim, claimed = replies[3 * i : 3 * i + 3]
             expired = bool(first_claim) and float(first_claim[0][1]) <= now_ms
             items = [(_s(m), float(score)) for m, score in pending]
-            out.append(TenantHead(tenant, generation, items, int(claimed), expired))
+            out.append(TenantHead(tenant, generation, items, int(claimed), expired, depth))
         return out
+
+    async def older_than(self, heads: list[TenantHead], cut: float, count: int) -> None:
+        """Complete, in place, the heads that stop before ``cut`` (their queue may hold
+        more items older than it): up to ``count`` of their items up to ``cut``."""
+        short = [h for h in heads if not h.complete and h.pending and h.pending[-1][1] < cut]
+        if not short:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for head in short:
+            pending = keys.squeue_pending(head.tenant_id)
+            pipe.zrangebyscore(pending, "-inf", cut, start=0, num=count, withscores=True)
+        for head, found in zip(short, await pipe.execute(), strict=True):
+            head.pending[:] = [(_s(m), float(score)) for m, score in found]
 
     async def retire(self, head: TenantHead) -> bool:
         """Drop ``head``'s tenant from the index if it was empty and nobody announced

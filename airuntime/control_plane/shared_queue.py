@@ -96,6 +96,11 @@ class ClaimedItem:
     """The tenant the item was queued for (whose queue holds it)."""
 
 
+def _oldest(heads: list[TenantHead], count: int) -> list[tuple[float, str, str]]:
+    """The ``count`` oldest items seen in ``heads``: (score, tenant, SharedRunId)."""
+    return sorted((score, h.tenant_id, srid) for h in heads for srid, score in h.pending)[:count]
+
+
 class SharedQueue:
     """The shared queue of runs, one Redis queue per tenant behind one interface."""
 
@@ -127,10 +132,10 @@ class SharedQueue:
         await self.tenants.announce(tenant_id)
         return int(reply) == 1
 
-    async def _heads(self, depth: int, skip: frozenset[str]) -> list[TenantHead]:
+    async def _heads(self, count: int, skip: frozenset[str]) -> list[TenantHead]:
         """The listed tenants' queue heads, after putting back expired claims (a dead
         pump's) and retiring tenants whose queue is empty."""
-        heads = await self.tenants.heads(depth, skip)
+        heads = await self.tenants.heads(count, skip)
         stale = [h.tenant_id for h in heads if h.claim_expired]
         if stale:
             replies = await self.scripts.call_many(
@@ -138,7 +143,7 @@ class SharedQueue:
             )
             if recovered := sum(int(r) for r in replies if not isinstance(r, Exception)):
                 log.warning("%d expired claims went back to Pending (a pump died)", recovered)
-            heads = await self.tenants.heads(depth, skip)
+            heads = await self.tenants.heads(count, skip)
         for head in heads:
             if head.empty:
                 await self.tenants.retire(head)
@@ -167,9 +172,11 @@ class SharedQueue:
         in one round trip."""
         count = max(1, count)
         heads = await self._heads(count, skip_tenants)
-        oldest = sorted(
-            ((score, h.tenant_id, srid) for h in heads for srid, score in h.pending),
-        )[:count]
+        oldest = _oldest(heads, count)
+        if len(oldest) == count:
+            # A tenant whose read stopped before the cut may hold more of the oldest.
+            await self.tenants.older_than(heads, oldest[-1][0], count)
+            oldest = _oldest(heads, count)
         shares: dict[str, int] = {}
         for _, tenant, _ in oldest:
             shares[tenant] = shares.get(tenant, 0) + 1
