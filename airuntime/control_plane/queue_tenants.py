@@ -104,18 +104,20 @@ class QueueTenants:
             out.append(TenantHead(tenant, generation, items, int(claimed), expired, depth))
         return out
 
-    async def older_than(self, heads: list[TenantHead], cut: float, count: int) -> None:
+    async def older_than(self, heads: list[TenantHead], cut: float, count: int) -> bool:
         """Complete, in place, the heads that stop before ``cut`` (their queue may hold
-        more items older than it): up to ``count`` of their items up to ``cut``."""
+        more items older than it) with up to ``count`` of their items up to ``cut``;
+        whether any head needed it (one more round trip)."""
         short = [h for h in heads if not h.complete and h.pending and h.pending[-1][1] < cut]
         if not short:
-            return
+            return False
         pipe = self.redis.pipeline(transaction=False)
         for head in short:
             pending = keys.squeue_pending(head.tenant_id)
             pipe.zrangebyscore(pending, "-inf", cut, start=0, num=count, withscores=True)
         for head, found in zip(short, await pipe.execute(), strict=True):
             head.pending[:] = [(_s(m), float(score)) for m, score in found]
+        return True
 
     async def retire(self, head: TenantHead) -> bool:
         """Drop ``head``'s tenant from the index if it was empty and nobody announced

@@ -22,6 +22,7 @@ scores come from each shard's clock).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -173,9 +174,10 @@ class SharedQueue:
         count = max(1, count)
         heads = await self._heads(count, skip_tenants)
         oldest = _oldest(heads, count)
-        if len(oldest) == count:
-            # A tenant whose read stopped before the cut may hold more of the oldest.
-            await self.tenants.older_than(heads, oldest[-1][0], count)
+        # A tenant whose read stopped before the cut (the count-th oldest seen; none
+        # when fewer were seen) may hold more of the oldest: read on up to the cut.
+        cut = oldest[-1][0] if len(oldest) == count else math.inf
+        if await self.tenants.older_than(heads, cut, count):
             oldest = _oldest(heads, count)
         shares: dict[str, int] = {}
         for _, tenant, _ in oldest:

@@ -61,6 +61,22 @@ async def test_a_batch_takes_the_oldest_items_over_every_tenants_queue(redis: Re
     assert nxt is not None and nxt.shared_run_id == _srid(0, 1)
 
 
+async def test_a_tenant_with_a_long_backlog_gets_its_whole_share_of_the_oldest(
+    redis: Redis,
+) -> None:
+    # One tenant queued 60 runs first, then 20 tenants one each: the 64 oldest are the
+    # backlog's 60 and 4 of the others, though a first read sees a few per tenant only.
+    queue = SharedQueue(redis)
+    backlog = [f"sr-big-{n:03d}" for n in range(60)]
+    for srid in backlog:
+        await queue.enqueue(srid, "tenant-big")
+    others = [f"sr-small-{t:03d}" for t in range(20)]
+    for t, srid in enumerate(others):
+        await queue.enqueue(srid, f"tenant-{t}")
+    batch = await queue.claim_batch("pump", 64)
+    assert [c.shared_run_id for c in batch] == backlog + others[:4]
+
+
 async def test_many_pumps_over_many_tenants_claim_each_item_exactly_once_in_order(
     valkey: Redis, valkey_url: str
 ) -> None:
