@@ -47,8 +47,8 @@ class TenantHead:
     generation: int
     pending: list[tuple[str, float]]
     """The first Pending items, oldest first: (SharedRunId, score)."""
-    claimed: int
-    """Items claimed by pumps (not yet settled)."""
+    has_claims: bool
+    """Some items are claimed by pumps (not yet settled)."""
     claim_expired: bool
     """The oldest claim's lease has run out (its pump died): it needs recovering."""
     depth: int
@@ -61,7 +61,7 @@ class TenantHead:
 
     @property
     def empty(self) -> bool:
-        return not self.pending and self.claimed == 0
+        return not self.pending and not self.has_claims
 
 
 class QueueTenants:
@@ -93,15 +93,14 @@ class QueueTenants:
         for tenant, _ in listed:
             pipe.zrange(keys.squeue_pending(tenant), 0, max(1, depth) - 1, withscores=True)
             pipe.zrange(keys.squeue_claimed(tenant), 0, 0, withscores=True)
-            pipe.zcard(keys.squeue_claimed(tenant))
         replies = await pipe.execute()
         now_ms = time.time() * 1000
         out = []
         for i, (tenant, generation) in enumerate(listed):
-            pending, first_claim, claimed = replies[3 * i : 3 * i + 3]
+            pending, first_claim = replies[2 * i : 2 * i + 2]
             expired = bool(first_claim) and float(first_claim[0][1]) <= now_ms
             items = [(_s(m), float(score)) for m, score in pending]
-            out.append(TenantHead(tenant, generation, items, int(claimed), expired, depth))
+            out.append(TenantHead(tenant, generation, items, bool(first_claim), expired, depth))
         return out
 
     async def older_than(self, heads: list[TenantHead], cut: float, count: int) -> bool:
