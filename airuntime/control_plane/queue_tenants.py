@@ -85,6 +85,9 @@ class QueueTenants:
         ``skip``, read in one pipelined round trip: enough items per tenant for the
         ``count`` oldest over all of them when the tenants' queues are alike (twice a
         fair share; :meth:`older_than` reads the rest of a tenant that may have more)."""
+        # The generations are read in a round trip of their own, before the queues:
+        # in one pipeline a cluster could run the queue reads (other shards) first,
+        # and a retire could then pass on a generation newer than an empty read.
         listed = [(t, g) for t, g in await self.listed() if t not in skip]
         if not listed:
             return []

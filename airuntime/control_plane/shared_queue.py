@@ -142,7 +142,10 @@ class SharedQueue:
             replies = await self.scripts.call_many(
                 self.redis, "recoverSharedRuns", [self._call(t) for t in stale]
             )
-            if recovered := sum(int(r) for r in replies if not isinstance(r, Exception)):
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            if recovered := sum(int(r) for r in replies):
                 log.warning("%d expired claims went back to Pending (a pump died)", recovered)
             heads = await self.tenants.heads(count, skip)
         for head in heads:
