@@ -178,7 +178,7 @@ async def _wait_done(redis: Redis, cp: ControlPlane, runs: int, timeout_s: float
     while time.monotonic() < deadline:
         if (
             await cp.queue.pending_count() == 0
-            and await redis.zcard(keys.squeue_claimed()) == 0
+            and await cp.queue.claimed_count() == 0
             and await redis.zcard(keys.runs_in_state("queued")) == 0
             and await redis.zcard(keys.runs_in_state("running")) == 0
             and await redis.zcard(keys.runs_by_tenant("default")) == runs

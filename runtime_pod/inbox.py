@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from airuntime.core import keys
+from airuntime.core.slots import ensure_transaction_slot
 from airuntime.core.supervision import LoopContext
 from airuntime.fleet.blocking import block_slice_s
 from runtime_pod.intake import RunRefused
@@ -149,10 +150,12 @@ class Inbox:
                 pipe = self.redis.pipeline(transaction=True)
                 pipe.rpush(f["reply_to"], json.dumps(answer))
                 pipe.expire(f["reply_to"], REPLY_TTL_S)
+                ensure_transaction_slot("inbox reply", pipe)
                 await pipe.execute()
         pipe = self.redis.pipeline(transaction=True)
         pipe.xack(self.stream, GROUP, entry_id)
         pipe.xdel(self.stream, entry_id)
+        ensure_transaction_slot("inbox ack", pipe)
         await pipe.execute()
 
     async def _answer(self, raw: str) -> dict[str, Any]:

@@ -20,7 +20,8 @@
 Session fixtures are synchronous (they only start processes), so they do not
 interact with pytest-asyncio's function-scoped event loops; the async ``redis``
 fixture creates its client inside the test's own loop.  ``AIRUNTIME_REDIS_URL``
-is deliberately ignored here: these fixtures FLUSHALL.
+is deliberately ignored here: these fixtures FLUSHALL. ``AIRUNTIME_SLOT_CHECK=1`` is
+set for the whole suite (:mod:`airuntime.core.slots`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from airuntime.core.redis_client import CountingRedisCluster, RedisClient, connect
+from airuntime.core.slots import SLOT_CHECK_ENV
 from airuntime.devstack.cluster import LocalCluster
 from airuntime.devstack.embedded import EmbeddedServer, server_info_version
+
+# Every script call and transaction of the suite (child processes included) is refused
+# when its keys span more than one hash slot, as a Redis Cluster would refuse it.
+os.environ[SLOT_CHECK_ENV] = "1"
 
 REDIS7_EXECUTABLE = "/usr/bin/redis-server"
 REDIS7_MISSING = "redis-server not installed (apt-get install redis-server)"

@@ -215,8 +215,8 @@ async def _accepted(
     results: list[DispatchResult] = []
     record: list[tuple[Placed, str]] = []
     for (p, run_id), was_settled in zip(ok, settled, strict=True):
-        _, run, admitted = p
-        if not was_settled and await d.queue.status(run.shared_run_id) is (
+        item, run, admitted = p
+        if not was_settled and await d.queue.status(run.shared_run_id, item.tenant_id) is (
             QueueItemStatus.CANCELLED
         ):
             results.append(await d.cancelled_in_flight(run, admitted, run_id))

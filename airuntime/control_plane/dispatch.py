@@ -156,7 +156,11 @@ class SharedRunDispatcher:
 
     async def dispatch_run(self, shared_run_id: str) -> DispatchResult:
         """Dispatch one specific queued run now (DirectDispatch)."""
-        item = await self.queue.claim(self.identity.worker_id, shared_run_id)
+        run = await self.runs.get(shared_run_id)
+        tenant_id = run.snapshot.tenant_id if run is not None else None
+        item = None
+        if tenant_id is not None:
+            item = await self.queue.claim(self.identity.worker_id, shared_run_id, tenant_id)
         if item is None:
             return DispatchResult(
                 False, empty=True, shared_run_id=shared_run_id, reason="not pending"
@@ -305,7 +309,7 @@ class SharedRunDispatcher:
         if admitted.reservation.instance_had_failures:
             await self.suspects.succeeded(instance_id)
         settled = await self.queue.settle(item, QueueItemStatus.DISPATCHED, instance_id)
-        if not settled and await self.queue.status(run.shared_run_id) is (
+        if not settled and await self.queue.status(run.shared_run_id, item.tenant_id) is (
             QueueItemStatus.CANCELLED
         ):
             return await self.cancelled_in_flight(run, admitted, run_id)

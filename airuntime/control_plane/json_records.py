@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from redis.exceptions import WatchError
 
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.slots import ensure_transaction_slot
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,6 +53,7 @@ async def update_record(
                 pipe.set(key, after.model_dump_json())
                 if also is not None:
                     also(pipe, before, after)
+                ensure_transaction_slot("update_record", pipe, key)
                 await pipe.execute()
                 return before, after
             except WatchError:
@@ -90,6 +92,7 @@ async def update_records(
                         pipe.set(key, pair[1].model_dump_json())
                         if also is not None:
                             also(pipe, pair[0], pair[1])
+                ensure_transaction_slot("update_records", pipe, *keys)
                 await pipe.execute()
                 return out
             except WatchError:

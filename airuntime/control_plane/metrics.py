@@ -161,15 +161,23 @@ class ControlPlaneMetrics:
         """
         redis = self.control_plane.redis
         raw: Any = await redis.zrange(keys.shared_runs_open(), 0, -1, withscores=True)
-        open_runs: list[tuple[Any, float]] = list(raw)
+        listed: list[tuple[Any, float]] = list(raw)
+        owners: list[Any] = []
+        if listed:
+            owners = await redis.hmget(keys.shared_runs_open_tenants(), [i for i, _ in listed])
+        open_runs = [
+            (_text(srid), created, _text(t))
+            for (srid, created), t in zip(listed, owners, strict=True)
+            if t is not None
+        ]
         pipe = redis.pipeline(transaction=False)
-        for srid, _ in open_runs:
-            pipe.hmget(keys.squeue_item(_text(srid)), "status", "tenant_id")
+        for srid, _, tenant in open_runs:
+            pipe.hmget(keys.squeue_item(tenant, srid), "status", "tenant_id")
         items = await pipe.execute() if open_runs else []
         now_ms = time.time() * 1000
         count: dict[str, int] = {}
         oldest: dict[str, float] = {}
-        for (_, created_ms), (status, tenant_raw) in zip(open_runs, items, strict=True):
+        for (_, created_ms, _), (status, tenant_raw) in zip(open_runs, items, strict=True):
             if status is None or _text(status) not in _WAITING or tenant_raw is None:
                 continue
             tenant = _text(tenant_raw)

@@ -2,7 +2,7 @@
 
 Why this module exists: a shared run is the control plane's record, the run that
 executes it is a runtime's. When the runtime run reaches a terminal status the
-runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to ``air:run-outcomes``
+runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to ``air:{air}:run-outcomes``
 atomically with the run's terminal record; :class:`OutcomeReader` (a supervised loop)
 reads that stream with a consumer group, ends the shared run (:func:`end_shared_run`:
 Succeeded / Failed / Cancelled, a compare-and-set, idempotent) and only then
@@ -32,7 +32,7 @@ __all__ = ["OUTCOME_GROUP", "OutcomeReader", "end_shared_run", "outcome_of"]
 log = logging.getLogger(__name__)
 
 OUTCOME_GROUP: Final = "airuntime-control-plane"
-"""The consumer group every control plane reads ``air:run-outcomes`` in (each outcome
+"""The consumer group every control plane reads ``air:{air}:run-outcomes`` in (each outcome
 is handled by one of them)."""
 
 SHARED_STATUS: Final = {

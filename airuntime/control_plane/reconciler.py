@@ -5,7 +5,7 @@ ends shared runs as their runtime runs end, but an outcome can be missed -- writ
 a runtime of an older release, lost with a Redis that restarted without persistence,
 or never written because the runtime died at the wrong moment -- and a pump can die
 between the runtime's acceptance and its record of it. Periodically (a supervised
-loop) the reconciler walks the open shared runs (``air:sruns:open``) and:
+loop) the reconciler walks the open shared runs (``air:{air}:sruns:open``) and:
 
 * ends a run whose runtime run (the run index, by RunId or by SharedRunId) is
   terminal, exactly as its outcome would have (:func:`end_shared_run`);
@@ -13,7 +13,9 @@ loop) the reconciler walks the open shared runs (``air:sruns:open``) and:
   before writing Dispatched);
 * fails a Dispatched run whose run record no longer exists (nothing will ever end it);
 * puts back into the shared queue a QueuedGlobally run that has no queue item waiting
-  (its requeue was interrupted), once it has been quiet for ``stale_after_ms``;
+  (its submit or requeue was interrupted), once it has been quiet for
+  ``stale_after_ms``, and announces the tenant of one whose item waits (an enqueue
+  that died before its announce: :mod:`~airuntime.control_plane.queue_tenants`);
 * drops index entries of runs whose record is gone.
 
 A QueuedGlobally run without a RunId is looked at only once it has been quiet for
@@ -79,6 +81,7 @@ class Reconciler:
             gone = [i for i in ids if i not in found]
             if gone:
                 await self.runs.redis.zrem(keys.shared_runs_open(), *gone)
+                await self.runs.redis.hdel(keys.shared_runs_open_tenants(), *gone)
             for run in found.values():
                 changed += await self._reconcile(run)
             start += len(ids) - len(gone)
@@ -130,7 +133,11 @@ class Reconciler:
     async def _requeue_if_stranded(self, run: SharedRun) -> int:
         if run.status is not SharedRunStatus.QUEUED_GLOBALLY or not self._quiet(run):
             return 0
-        if await self.queue.status(run.shared_run_id) in _WAITING:
+        tenant = run.snapshot.tenant_id
+        if await self.queue.status(run.shared_run_id, tenant) in _WAITING:
+            # Its item waits; make sure the pumps see its tenant (an enqueue that died
+            # between its item and its announce).
+            await self.queue.tenants.announce(tenant)
             return 0
         log.warning("shared run %s is queued without a queue item: requeued", run.shared_run_id)
         return int(

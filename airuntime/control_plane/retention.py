@@ -5,9 +5,9 @@ and possibly scale-out records; without pruning Redis grows with every submissio
 :class:`Retention` (a supervised loop) removes, once they are older than the window
 (``retention_s``, default 7 days):
 
-* terminal shared runs (by the time they finished: ``air:sruns:finished``) with every
-  index entry (``air:sruns``, ``air:sruns:tenant:<t>``, open/finished) and their queue
-  item (``air:{squeue}:item:<SRID>``) and its archive-queue entry; with archiving on
+* terminal shared runs (by the time they finished: ``air:{air}:sruns:finished``) with every
+  index entry (``air:{air}:sruns``, ``air:{air}:sruns:tenant:<t>``, open/finished) and their queue
+  item (``air:{q:<tenant>}:item:<SRID>``) and its archive-queue entry; with archiving on
   (:class:`~airuntime.control_plane.archive.ArchivingRetentionPolicy`) only once the
   durable history has the run;
 * scale-out requests filed before the window that are finished (or whose run is gone),
@@ -35,6 +35,7 @@ from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
 from airuntime.core.execution_layout import buckets_for
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.slots import ensure_transaction_slot
 from airuntime.core.supervision import LoopContext
 
 __all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
@@ -127,16 +128,27 @@ class Retention:
                 report.shared_runs += 1
 
     async def _delete_run(self, srid: str, run: SharedRun | None) -> None:
+        """The run's queue item (its tenant's slot) first, then its record and index
+        entries (the control slot): a crash in between leaves the record listed as
+        finished, so the next pass deletes again (both steps are idempotent)."""
+        if run is not None:
+            tenant = run.snapshot.tenant_id
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(keys.squeue_item(tenant, srid))
+            pipe.zrem(keys.squeue_pending(tenant), srid)
+            pipe.zrem(keys.squeue_claimed(tenant), srid)
+            ensure_transaction_slot("retention: queue item", pipe)
+            await pipe.execute()
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.shared_run(srid), keys.squeue_item(srid))
+        pipe.delete(keys.shared_run(srid))
         pipe.zrem(keys.shared_runs(), srid)
         pipe.zrem(keys.shared_runs_open(), srid)
+        pipe.hdel(keys.shared_runs_open_tenants(), srid)
         pipe.zrem(keys.shared_runs_finished(), srid)
-        pipe.zrem(keys.squeue_pending(), srid)
-        pipe.zrem(keys.squeue_claimed(), srid)
         pipe.zrem(keys.shared_run_archive_outbox(), srid)
         if run is not None:
             pipe.zrem(keys.shared_runs_by_tenant(run.snapshot.tenant_id), srid)
+        ensure_transaction_slot("retention: shared run", pipe)
         await pipe.execute()
 
     async def _scale_out_requests(self, cutoff: int, report: RetentionReport) -> None:
@@ -186,7 +198,7 @@ class Retention:
             start += len(ids) - len(expired)
 
     async def _runtime_runs(self, cutoff: int) -> None:
-        """CALL SITE (runtime): the runtime's run records (``air:run:*``, the
+        """CALL SITE (runtime): the runtime's run records (``air:{air}:run:*``, the
         SharedRunId -> RunId keys, per-tenant run indexes) are the runtime's to prune;
         call its prune function here once it exists (issue 11, runtime part)."""
         return None

@@ -3,7 +3,7 @@
 Why this exists: a finished run leaves Redis when its retention ends, and one that
 ended a moment ago may not be archived yet; a caller must see each run exactly once
 wherever it is. Both sources are read newest first by ``(created ms, id)``, the hot
-ones from the creation index (``air:sruns[:tenant:<t>]``), the archived ones through
+ones from the creation index (``air:{air}:sruns[:tenant:<t>]``), the archived ones through
 :meth:`HistoryStore.list_shared_runs`; they are merged by that key, a run in both is
 shown once (the hot record), and the page ends at a keyset position that the opaque
 cursor carries -- so a run moving to the archive between two pages is neither lost nor

@@ -3,7 +3,7 @@
 Why this exists: a run is read through several views (details, ledger, trace, report,
 replay) and it must read the same before and after retention removes its hot keys.
 Every view is computed from a :class:`RunMaterial` only, and this module is the one
-place that knows where the material lives: the shared run in ``air:srun:<SRID>`` or in
+place that knows where the material lives: the shared run in ``air:{air}:srun:<SRID>`` or in
 ``history_shared_runs``; the execution's plan, inputs, context, step states and
 terminal snapshot in its ``air:{e:E}:*`` keys or in ``history_executions``; its ledger
 in ``air:{e:E}:events`` or in ``history_events``. The archive holds exactly what Redis
@@ -25,6 +25,7 @@ from typing import Any
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core.execution_layout import execution_keys_for
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.slots import ensure_transaction_slot
 from airuntime.fleet.run_index import RunIndex
 from airuntime.history.records import ArchivedExecution
 from airuntime.history.store import HistoryStore
@@ -211,6 +212,7 @@ class MaterialLoader:
         pipe.hgetall(ek.meta)
         pipe.get(ek.plan)
         pipe.get(ek.snapshot)
+        ensure_transaction_slot("hot execution", pipe)
         meta_raw, plan_raw, snap_raw = await pipe.execute()
         meta = _hash(meta_raw)
         if not meta or plan_raw is None or meta.get("tenant_id", "") != tenant_id:
@@ -229,6 +231,7 @@ class MaterialLoader:
         pipe = self.redis.pipeline(transaction=True)
         for name in names:
             pipe.hgetall(ek.key(name))
+        ensure_transaction_slot("live step hashes", pipe)
         hashes = await pipe.execute()
         h = {name: _hash(raw) for name, raw in zip(names, hashes, strict=True)}
         return ExecutionMaterial(

@@ -298,8 +298,12 @@ class ControlPlane:
             updated_at_ms=now,
             replay_of=replay_of,
         )
-        # Record, indexes and queue item in one script: no cancel can land in between.
+        # Record and indexes in one script (the control slot), then the queue item (the
+        # tenant's queue slot): a cancel in between finds the record and no item, and
+        # the pump drops the item it claims later; a crash in between leaves the run
+        # QueuedGlobally without an item, which the reconciler requeues.
         await self.runs.create_queued(run)
+        await self.queue.enqueue(run.shared_run_id, snapshot.tenant_id)
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.
             await self.dispatcher.dispatch_run(run.shared_run_id)
@@ -318,7 +322,8 @@ class ControlPlane:
         run = await self._visible(shared_run_id, tenant_id)
         if run is None:
             return None
-        details = SharedRunDetails.of(run, await self.queue.item(shared_run_id))
+        item = await self.queue.item(shared_run_id, run.snapshot.tenant_id)
+        details = SharedRunDetails.of(run, item)
         if run.run_id:
             record = await self.run_index.get_for_tenant(run.run_id, run.snapshot.tenant_id)
             if record is not None:
@@ -348,7 +353,7 @@ class ControlPlane:
             return run
         if run.status is SharedRunStatus.DISPATCHED and run.run_id:
             return await self._cancel_runtime_run(run, run.run_id)
-        if await self.queue.cancel(shared_run_id) == 0:
+        if await self.queue.cancel(shared_run_id, run.snapshot.tenant_id) == 0:
             # A pump settled the item Dispatched after the run was read above: the
             # runtime accepted it, so cancel the runtime run.
             run_id = run.run_id or await self.run_index.run_for_shared(shared_run_id)

@@ -9,19 +9,26 @@ after the runtime accepted, else back to Pending in its original place, or parke
 out of the queue unless it was Dispatched. The scripts write the statuses of
 :class:`QueueItemStatus` and only the moves of :data:`QUEUE_ITEM_TRANSITIONS`.
 
-Keys share the ``{squeue}`` hash tag (one slot, Redis-Cluster safe):
-``air:{squeue}:pending`` zset, ``air:{squeue}:claimed`` zset (score = lease expiry),
-``air:{squeue}:item:<SharedRunId>`` hash.
+The queue is sharded per tenant: each tenant's keys share the ``{q:<tenant>}`` hash
+tag (one slot per tenant, so every script is single-slot and the tenants spread over a
+Redis Cluster): ``air:{q:<t>}:pending`` zset (score = enqueue time, us),
+``air:{q:<t>}:claimed`` zset (score = lease expiry), ``air:{q:<t>}:item:<SharedRunId>``
+hash. The pumps find the tenants through the index of
+:mod:`~airuntime.control_plane.queue_tenants` and claim the oldest items across them
+(by enqueue time: FIFO over the whole queue, as with one zset; on a cluster the
+scores come from each shard's clock).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from airuntime.control_plane.queue_tenants import QueueTenants, TenantHead
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
@@ -85,12 +92,17 @@ class ClaimedItem:
 
     shared_run_id: str
     token: str
-    tenant_id: str = ""
-    """The tenant the item was queued for (batch claims report it)."""
+    tenant_id: str
+    """The tenant the item was queued for (whose queue holds it)."""
+
+
+def _oldest(heads: list[TenantHead], count: int) -> list[tuple[float, str, str]]:
+    """The ``count`` oldest items seen in ``heads``: (score, tenant, SharedRunId)."""
+    return sorted((score, h.tenant_id, srid) for h in heads for srid, score in h.pending)[:count]
 
 
 class SharedQueue:
-    """The global queue of shared runs."""
+    """The shared queue of runs, one Redis queue per tenant behind one interface."""
 
     def __init__(
         self, redis: RedisClient, scripts: ScriptLibrary | None = None, claim_lease_ms: int = 30_000
@@ -98,81 +110,116 @@ class SharedQueue:
         self.redis = redis
         self.scripts = scripts or library()
         self.claim_lease_ms = claim_lease_ms
-        self._keys = [keys.squeue_pending(), keys.squeue_claimed()]
+        self.tenants = QueueTenants(redis, self.scripts)
+
+    @staticmethod
+    def _call(tenant_id: str, *args: str | int) -> tuple[list[str], list[str | int]]:
+        """KEYS and ARGV of a queue script on ``tenant_id``'s queue: its two zsets, then
+        its item prefix (every key the script touches is in the tenant's slot)."""
+        keys_ = [keys.squeue_pending(tenant_id), keys.squeue_claimed(tenant_id)]
+        return keys_, [keys.squeue_item_prefix(tenant_id), *args]
+
+    async def _run(self, name: str, tenant_id: str, *args: str | int) -> Any:
+        return await self.scripts.call(self.redis, name, *self._call(tenant_id, *args))
 
     async def enqueue(self, shared_run_id: str, tenant_id: str, *, requeue: bool = False) -> bool:
-        reply = await self.scripts.call(
-            self.redis,
-            "enqueueSharedRun",
-            self._keys,
-            [keys.squeue_item_prefix(), shared_run_id, "1" if requeue else "0", tenant_id],
+        """Put the run Pending at the tail of its tenant's queue (idempotent), then
+        announce the tenant to the pumps -- also when the item was already queued, so a
+        call repairs an enqueue that died before its announce."""
+        reply = await self._run(
+            "enqueueSharedRun", tenant_id, shared_run_id, "1" if requeue else "0", tenant_id
         )
+        await self.tenants.announce(tenant_id)
         return int(reply) == 1
+
+    async def _heads(self, count: int, skip: frozenset[str]) -> list[TenantHead]:
+        """The listed tenants' queue heads, after putting back expired claims (a dead
+        pump's) and retiring tenants whose queue is empty."""
+        heads = await self.tenants.heads(count, skip)
+        stale = [h.tenant_id for h in heads if h.claim_expired]
+        if stale:
+            replies = await self.scripts.call_many(
+                self.redis, "recoverSharedRuns", [self._call(t) for t in stale]
+            )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            if recovered := sum(int(r) for r in replies):
+                log.warning("%d expired claims went back to Pending (a pump died)", recovered)
+            heads = await self.tenants.heads(count, skip)
+        for head in heads:
+            if head.empty:
+                await self.tenants.retire(head)
+        return [h for h in heads if h.pending]
 
     async def claim_next(
         self, claimer: str, skip_tenants: frozenset[str] = frozenset()
     ) -> ClaimedItem | None:
         """The oldest Pending item not belonging to ``skip_tenants``, claimed for ``claimer``."""
-        reply: Any = await self.scripts.call(
-            self.redis,
-            "claimSharedRun",
-            self._keys,
-            [keys.squeue_item_prefix(), claimer, self.claim_lease_ms, *sorted(skip_tenants)],
-        )
-        return self._claimed(reply)
+        heads = await self._heads(1, skip_tenants)
+        for head in sorted(heads, key=lambda h: h.pending[0][1]):
+            reply: Any = await self._run(
+                "claimSharedRun", head.tenant_id, claimer, self.claim_lease_ms
+            )
+            if reply:
+                self._log_recovered(int(reply[2]))
+                return ClaimedItem(_s(reply[0]), _s(reply[1]), head.tenant_id)
+        return None  # other pumps took what was there
 
     async def claim_batch(
         self, claimer: str, count: int, skip_tenants: frozenset[str] = frozenset()
     ) -> list[ClaimedItem]:
-        """Up to ``count`` of the oldest Pending items not belonging to ``skip_tenants``,
-        in queue order, claimed for ``claimer`` in one call."""
-        reply: Any = await self.scripts.call(
+        """Up to ``count`` of the oldest Pending items over every tenant's queue but
+        those of ``skip_tenants``, in queue order, claimed for ``claimer``: one read of
+        the heads, then one claim per tenant with items among the oldest ``count``, all
+        in one round trip."""
+        count = max(1, count)
+        heads = await self._heads(count, skip_tenants)
+        oldest = _oldest(heads, count)
+        # A tenant whose read stopped before the cut (the count-th oldest seen; none
+        # when fewer were seen) may hold more of the oldest: read on up to the cut.
+        cut = oldest[-1][0] if len(oldest) == count else math.inf
+        if await self.tenants.older_than(heads, cut, count):
+            oldest = _oldest(heads, count)
+        shares: dict[str, int] = {}
+        for _, tenant, _ in oldest:
+            shares[tenant] = shares.get(tenant, 0) + 1
+        if not shares:
+            return []
+        replies = await self.scripts.call_many(
             self.redis,
             "claimSharedRuns",
-            self._keys,
-            [
-                keys.squeue_item_prefix(),
-                claimer,
-                self.claim_lease_ms,
-                max(1, count),
-                *sorted(skip_tenants),
-            ],
+            [self._call(t, claimer, self.claim_lease_ms, n) for t, n in shares.items()],
         )
-        if recovered := int(reply[0]):
-            log.warning("%d expired claims went back to Pending (a pump died mid-cycle)", recovered)
-        rest = [_s(v) for v in reply[1:]]
-        return [ClaimedItem(*rest[i : i + 3]) for i in range(0, len(rest), 3)]
+        claimed: list[tuple[float, ClaimedItem]] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+            self._log_recovered(int(reply[0]))
+            rest = [_s(v) for v in reply[1:]]
+            for i in range(0, len(rest), 4):
+                srid, token, tenant, score = rest[i : i + 4]
+                claimed.append((float(score), ClaimedItem(srid, token, tenant)))
+        # In queue order: by each item's own score (another pump may have taken some
+        # of the items seen in the heads, and the claim then took the next ones).
+        return [item for _, item in sorted(claimed, key=lambda c: c[0])]
 
-    async def claim(self, claimer: str, shared_run_id: str) -> ClaimedItem | None:
+    async def claim(self, claimer: str, shared_run_id: str, tenant_id: str) -> ClaimedItem | None:
         """Claim one specific Pending item (DirectDispatch)."""
-        reply: Any = await self.scripts.call(
-            self.redis,
-            "claimSharedRunById",
-            self._keys,
-            [keys.squeue_item_prefix(), claimer, self.claim_lease_ms, shared_run_id],
+        reply: Any = await self._run(
+            "claimSharedRunById", tenant_id, claimer, self.claim_lease_ms, shared_run_id
         )
-        return self._claimed(reply)
+        return ClaimedItem(_s(reply[0]), _s(reply[1]), tenant_id) if reply else None
 
     @staticmethod
-    def _claimed(reply: Any) -> ClaimedItem | None:
-        if not reply:
-            return None
-        if recovered := int(reply[2]):
+    def _log_recovered(recovered: int) -> None:
+        if recovered:
             log.warning("%d expired claims went back to Pending (a pump died mid-cycle)", recovered)
-        return ClaimedItem(_s(reply[0]), _s(reply[1]))
 
     async def settle(self, item: ClaimedItem, outcome: QueueItemStatus, detail: str = "") -> bool:
         """Settle a claimed item; False when the claim is no longer this pump's (expired
         and recovered, or the item was cancelled meanwhile)."""
-        if outcome not in QUEUE_ITEM_TRANSITIONS[QueueItemStatus.CLAIMED]:
-            raise ValueError(f"a claimed item cannot be settled as {outcome!r}")
-        reply = await self.scripts.call(
-            self.redis,
-            "settleSharedRun",
-            self._keys,
-            [keys.squeue_item_prefix(), item.shared_run_id, item.token, outcome, detail],
-        )
-        return int(reply) == 1
+        return (await self.settle_many([(item, outcome, detail)]))[0]
 
     async def release_many(self, items: list[ClaimedItem], detail: str) -> list[bool]:
         """Give claimed items that were never tried back to Pending, in their places (a
@@ -192,16 +239,13 @@ class SharedQueue:
             self.redis,
             "settleSharedRun",
             [
-                (
-                    self._keys,
-                    [
-                        keys.squeue_item_prefix(),
-                        item.shared_run_id,
-                        item.token,
-                        outcome,
-                        detail,
-                        "1" if tried else "0",
-                    ],
+                self._call(
+                    item.tenant_id,
+                    item.shared_run_id,
+                    item.token,
+                    outcome,
+                    detail,
+                    "1" if tried else "0",
                 )
                 for item, outcome, detail in settlements
             ],
@@ -211,48 +255,62 @@ class SharedQueue:
                 raise reply
         return [int(r) == 1 for r in replies]
 
-    async def cancel(self, shared_run_id: str) -> int:
+    async def cancel(self, shared_run_id: str, tenant_id: str) -> int:
         """1 cancelled, 0 already Dispatched (cancel the runtime run instead), -2 no item."""
-        return int(
-            await self.scripts.call(
-                self.redis,
-                "cancelSharedRun",
-                self._keys,
-                [keys.squeue_item_prefix(), shared_run_id],
-            )
-        )
+        return int(await self._run("cancelSharedRun", tenant_id, shared_run_id))
 
-    async def item(self, shared_run_id: str) -> dict[str, str]:
+    async def item(self, shared_run_id: str, tenant_id: str) -> dict[str, str]:
         """The item's hash as the scripts wrote it (empty when there is no item)."""
-        raw = await self.redis.hgetall(keys.squeue_item(shared_run_id))
+        raw = await self.redis.hgetall(keys.squeue_item(tenant_id, shared_run_id))
         return {_s(k): _s(v) for k, v in raw.items()}
 
-    async def status(self, shared_run_id: str) -> QueueItemStatus | None:
-        raw = await self.redis.hget(keys.squeue_item(shared_run_id), "status")
+    async def status(self, shared_run_id: str, tenant_id: str) -> QueueItemStatus | None:
+        raw = await self.redis.hget(keys.squeue_item(tenant_id, shared_run_id), "status")
         return QueueItemStatus(_s(raw)) if raw else None
 
     async def pending_count(self) -> int:
-        return int(await self.redis.zcard(keys.squeue_pending()))
+        return sum((await self.pending_by_tenant()).values())
+
+    async def claimed_count(self) -> int:
+        """Items claimed by pumps and not settled yet, over every tenant's queue."""
+        listed = await self.tenants.listed()
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant, _ in listed:
+            pipe.zcard(keys.squeue_claimed(tenant))
+        return sum(int(n) for n in await pipe.execute()) if listed else 0
 
     async def pending_by_tenant(self) -> dict[str, int]:
-        ids = await self.redis.zrange(keys.squeue_pending(), 0, -1)
-        counts: dict[str, int] = {}
-        for srid in ids:
-            tenant = await self.redis.hget(keys.squeue_item(_s(srid)), "tenant_id")
-            t = _s(tenant) if tenant else "unknown"
-            counts[t] = counts.get(t, 0) + 1
-        return counts
+        """Pending items per listed tenant (tenants with none are left out)."""
+        listed = await self.tenants.listed()
+        if not listed:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant, _ in listed:
+            pipe.zcard(keys.squeue_pending(tenant))
+        counts = await pipe.execute()
+        return {t: int(n) for (t, _), n in zip(listed, counts, strict=True) if int(n)}
 
     async def pending_items(self, tenant_id: str | None, limit: int = 10_000) -> list[PendingItem]:
         """The Pending items in queue order (oldest first), of ``tenant_id`` only unless
-        it is None; at most ``limit`` items of the queue are looked at."""
-        ids = [_s(i) for i in await self.redis.zrange(keys.squeue_pending(), 0, limit - 1)]
+        it is None; at most ``limit`` items of each tenant's queue are looked at."""
+        if tenant_id is not None:
+            tenants = [tenant_id]
+        else:
+            tenants = [t for t, _ in await self.tenants.listed()]
         pipe = self.redis.pipeline(transaction=False)
-        for srid in ids:
-            pipe.hmget(keys.squeue_item(srid), "tenant_id", "enqueued_at_ms")
-        items = []
-        for srid, (tenant, enqueued) in zip(ids, await pipe.execute(), strict=True):
-            owner = _s(tenant) if tenant else "unknown"
-            if tenant_id is None or owner == tenant_id:
-                items.append(PendingItem(srid, owner, int(_s(enqueued or b"0"))))
-        return items
+        for tenant in tenants:
+            pipe.zrange(keys.squeue_pending(tenant), 0, limit - 1, withscores=True)
+        found = await pipe.execute() if tenants else []
+        ordered = sorted(
+            (float(score), tenant, _s(srid))
+            for tenant, members in zip(tenants, found, strict=True)
+            for srid, score in members
+        )[:limit]
+        pipe = self.redis.pipeline(transaction=False)
+        for _, tenant, srid in ordered:
+            pipe.hget(keys.squeue_item(tenant, srid), "enqueued_at_ms")
+        enqueued = await pipe.execute() if ordered else []
+        return [
+            PendingItem(srid, tenant, int(_s(at or b"0")))
+            for (_, tenant, srid), at in zip(ordered, enqueued, strict=True)
+        ]

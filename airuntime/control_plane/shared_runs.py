@@ -10,12 +10,15 @@ landed between submit's create and its queueing, or between the requeuer's read 
 its write -- is refused instead of written over the winner. Where a run waits
 meanwhile is the shared queue (:mod:`~airuntime.control_plane.shared_queue`).
 
-Keys: ``air:srun:<SharedRunId>`` (the record, JSON), ``air:sruns`` zset (all, by
-creation), ``air:sruns:tenant:<t>`` zset, ``air:sruns:open`` zset (not terminal: the
-reconciler's work list) and ``air:sruns:finished`` zset (terminal, by finish time:
-retention's work list); the indexes change in the same transaction as the record.
-A submitted run is created QueuedGlobally together with its shared-queue item in one
-script (:meth:`SharedRunStore.create_queued`).
+Keys, all in the control slot (``{air}``): ``air:{air}:srun:<SharedRunId>`` (the
+record, JSON), ``air:{air}:sruns`` zset (all, by creation), ``air:{air}:sruns:tenant:<t>``
+zset, ``air:{air}:sruns:open`` zset (not terminal: the reconciler's work list) with
+``air:{air}:sruns:open:tenant`` (hash: each open run's tenant) and
+``air:{air}:sruns:finished`` zset (terminal, by finish time: retention's work list);
+the indexes change in the same transaction as the record. A submitted run is created
+QueuedGlobally in one script (:meth:`SharedRunStore.create_queued`); its queue item
+lives in its tenant's queue slot, so the submitter enqueues it right after (see
+``submitSharedRun-5.lua`` for what a cancel or a crash in between does).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import library
+from airuntime.core.slots import ensure_transaction_slot
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +180,7 @@ def _index_terminal(pipe: Any, before: SharedRun, after: SharedRun) -> None:
     the finished one and the archive outbox."""
     if after.status.terminal:
         pipe.zrem(keys.shared_runs_open(), after.shared_run_id)
+        pipe.hdel(keys.shared_runs_open_tenants(), after.shared_run_id)
         finished = {after.shared_run_id: after.finished_at_ms or after.updated_at_ms}
         pipe.zadd(keys.shared_runs_finished(), finished)
         pipe.zadd(keys.shared_run_archive_outbox(), finished, nx=True)
@@ -201,11 +206,14 @@ class SharedRunStore:
             {run.shared_run_id: run.created_at_ms},
         )
         pipe.zadd(keys.shared_runs_open(), {run.shared_run_id: run.created_at_ms})
+        pipe.hset(keys.shared_runs_open_tenants(), run.shared_run_id, run.snapshot.tenant_id)
+        ensure_transaction_slot("SharedRunStore.create", pipe)
         await pipe.execute()
 
     async def create_queued(self, run: SharedRun) -> None:
-        """Persist a new QueuedGlobally run, index it and put its Pending item in the
-        shared queue, in one script (``submitSharedRun-5.lua``)."""
+        """Persist a new QueuedGlobally run and index it, in one script
+        (``submitSharedRun-5.lua``); the caller then enqueues its item
+        (:meth:`SharedQueue.enqueue <airuntime.control_plane.shared_queue.SharedQueue.enqueue>`)."""
         if run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             raise ValueError(f"create_queued needs a QueuedGlobally run, got {run.status}")
         reply = await library().call(
@@ -216,15 +224,9 @@ class SharedRunStore:
                 keys.shared_runs(),
                 keys.shared_runs_by_tenant(run.snapshot.tenant_id),
                 keys.shared_runs_open(),
-                keys.squeue_pending(),
+                keys.shared_runs_open_tenants(),
             ],
-            [
-                keys.squeue_item_prefix(),
-                run.shared_run_id,
-                run.snapshot.tenant_id,
-                run.model_dump_json(),
-                run.created_at_ms,
-            ],
+            [run.shared_run_id, run.model_dump_json(), run.created_at_ms, run.snapshot.tenant_id],
         )
         if int(reply) != 1:
             raise ValueError(f"shared run {run.shared_run_id} exists already")

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.core.slots import ensure_transaction_slot
 
 __all__ = ["FAULT_REASONS", "SuspectMark", "SuspectMarks", "SuspectPolicy"]
 
@@ -107,6 +108,7 @@ class SuspectMarks:
         }
         pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
         pipe.pexpire(key, suspect_for)
+        ensure_transaction_slot("suspect mark", pipe)
         await pipe.execute()
         return mark
 

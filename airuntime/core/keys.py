@@ -81,76 +81,117 @@ Global (the first three: one set per execution bucket, see above):
 ``air:execution-layout``    string  execution bucket count B (1 standalone, 128 cluster),
                                     SET NX by the first store that creates an execution.
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
-                                    lease expiry ms. acquireLease/renewLease/releaseLease.
-``air:instances``           zset    runtime instance id -> heartbeat expiry ms (Redis time).
-                                    publishInstance-2.lua adds and prunes; unregister.
-``air:instance:<id>``       string  InstanceDescriptor JSON stamped with Redis time, PX =
-                                    heartbeat TTL. publishInstance-2.lua; unregister.
-``air:tenants``             set     tenant ids with stored settings. registry.
-``air:tenant:<id>:settings`` string TenantSettings JSON. registry (local YAML / operator).
-``air:run:<RunId>``         hash    run execution index record + request. acceptRun-5.lua
-                                    creates it, startRun-4/finishRun-7/adoptRun-2.lua
-                                    change it; finishRun sets its TTL = the runtime's
-                                    run retention (``AIRUNTIME_RUN_RETENTION_S``, 7 d).
-``air:shared-run:<SRID>``   string  RunId accepted for a SharedRunId. acceptRun-5.lua (one
-                                    step with the record); TTL = run retention from
-                                    finishRun-7.lua.
-``air:instance:<id>:queue`` list    RunIds accepted by an instance, not yet started.
-                                    acceptRun pushes, startRun/finishRun remove (an empty
-                                    list is no key).
-``air:instance:<id>:inbox`` stream  run requests delivered by the ``redis`` provider
-                                    (XADD NOMKSTREAM, MAXLEN ~). The instance creates it
-                                    with its consumer group, acknowledges and deletes each
-                                    entry it answered, keeps a TTL of 10 registration
-                                    TTLs on it (refreshed every heartbeat) and deletes it
-                                    on a graceful stop: a dead instance's inbox expires.
-``air:reply:<token>``       list    the instance's answer to one inbox request (the
-                                    ``redis`` provider BLPOPs it). RPUSH + EXPIRE 300 s in
-                                    one transaction, by the instance.
-``air:assist:<E>:<inst>``   string  an instance assists execution E (SET NX, PX; at most
-                                    one assist per instance and execution). runtime_pod
-                                    deletes it when the assist ends; PX bounds a crash.
-``air:prefix:<p>:seq``      string  counter behind ``<p>-<n>`` instance ids (never reused).
-                                    Kept on purpose: one small key per prefix ever
-                                    configured (bounded by configuration, not by runs or
-                                    time); deleting it would hand a dead instance's id,
-                                    and with it its runs, to a new instance.
-``air:runs:<state>``        zset    RunIds queued / running (adoption scans). acceptRun
-                                    adds, startRun moves, finishRun removes.
-``air:runs:tenant:<t>``     zset    a tenant's RunIds by creation time. acceptRun adds;
-                                    the retention sweep (``RunIndex.prune``, run by every
-                                    runtime instance and callable by the control plane)
-                                    removes entries whose retention has passed.
-``air:runs:retention``      zset    ``<tenant>:<RunId>`` of finished runs, score = end of
-                                    retention (Redis time, ms). finishRun adds,
-                                    ``RunIndex.prune`` removes.
-``air:srun:<SRID>``         string  SharedRun JSON. shared_runs.
-``air:sruns[:tenant:<t>]``  zset    shared runs by creation time (all / per tenant).
-``air:{squeue}:pending``    zset    Pending shared-queue items (score = enqueue us).
-``air:{squeue}:claimed``    zset    Claimed items (score = claim lease expiry ms).
-``air:{squeue}:item:<SRID>`` hash   queue item status, claim token, counters (the scripts
-                                    build it from :func:`squeue_item_prefix` + SRID).
-``air:{r:<inst>}:reservations`` zset admission reservations of an instance's run slots.
-``air:scaleout:<id>``       string  ScaleOutRequest JSON; ``air:scaleouts`` zset index.
-``air:control-plane``       string  control-plane discovery descriptor (TTL).
-``air:run-outcomes``        stream  one entry per finished runtime run (RunOutcome):
-                                    runtimes write it with the run's terminal record
-                                    (finishRun-7.lua, MAXLEN ~ OUTCOMES_MAXLEN), the
-                                    control plane reads it (consumer group) to end the
-                                    shared run.
-``air:control``             pubsub  channel: execution id of every control change
-                                    (pause/resume/cancel), so workers react at once.
-``air:suspect:<inst>``      hash    delivery failures of an instance; while its TTL runs
-                                    admission skips the instance (circuit breaker).
-``air:sruns:open``          zset    non-terminal shared runs (reconciler). shared_runs.
-``air:sruns:finished``      zset    terminal shared runs by finish time (retention).
-``air:archive:sruns``       zset    terminal shared runs not yet archived (score = finish
-                                    ms): SharedRunStore.transition adds in the same
-                                    transaction, the control plane's SharedRunArchiver
-                                    removes after upsert_shared_run.
-``air:delivery-failures:<inst>`` hash consecutive delivery failures / past suspicions of an
-                                    instance (TTL), behind its suspect mark. control plane.
+                                    lease expiry ms. acquireLease/renewLease/releaseLease
+                                    (one key each: own slot per scope).
 ==========================  ======  ========================================================
+
+Slot layout of everything else (issue #17): every Lua script and every MULTI/EXEC
+touches keys of one hash slot, so it runs on a Redis Cluster
+(:mod:`airuntime.core.slots` refuses a cross-slot call on any server when
+``AIRUNTIME_SLOT_CHECK=1``, as the test suite sets). Three kinds of keys:
+
+* **The control slot** ``{air}`` (``CONTROL`` = ``air:{air}``): records that scripts and
+  transactions combine with their indexes -- the instance registry, tenant settings,
+  the runtime run index, shared runs and scale-out requests. Per run this is a
+  handful of writes (submit, dispatch, accept/start/finish, the end), against the
+  per-step traffic of the execution keys, which spread by ``{e:<E>}``. The run index
+  is not sharded by RunId yet: acceptRun/startRun/finishRun update the run record
+  together with the global state, tenant and retention indexes, the instance queue
+  and the outcome stream, atomically.
+* **Per tenant** ``{q:<tenant>}``: the shared queue, the control plane's hot path
+  (every pump cycle). Each tenant's queue is its own slot; the tenant index
+  ``air:{air}:squeue:tenants`` lets the pumps see every tenant
+  (:mod:`airuntime.control_plane.queue_tenants` has the protocol that keeps it whole).
+* **Single-key** (no tag needed; each key hashes to its own slot, so they spread):
+  ``air:instance:<id>:inbox``, ``air:reply:<token>``, ``air:assist:<E>:<inst>``,
+  ``air:prefix:<p>:seq``, ``air:control-plane``, ``air:suspect:<inst>``,
+  ``air:delivery-failures:<inst>``, and the per-instance ``{r:<inst>}`` reservations.
+
+==================================  ======  ================================================
+key                                 type    content / written by
+==================================  ======  ================================================
+``air:{air}:instances``             zset    runtime instance id -> heartbeat expiry ms (Redis
+                                            time). publishInstance-2.lua adds and prunes;
+                                            unregister (transaction with the descriptor).
+``air:{air}:instance:<id>``         string  InstanceDescriptor JSON stamped with Redis time,
+                                            PX = heartbeat TTL. publishInstance-2.lua;
+                                            unregister; adoptRun-2.lua reads it (alive?).
+``air:{air}:tenants``               set     tenant ids with stored settings. registry
+                                            (transaction with the settings).
+``air:{air}:tenant:<id>:settings``  string  TenantSettings JSON. registry (local YAML /
+                                            operator).
+``air:{air}:run:<RunId>``           hash    run execution index record + request.
+                                            acceptRun-5 creates it, startRun-4/finishRun-7/
+                                            adoptRun-2 change it; finishRun sets its TTL =
+                                            the runtime's run retention
+                                            (``AIRUNTIME_RUN_RETENTION_S``, 7 d).
+``air:{air}:shared-run:<SRID>``     string  RunId accepted for a SharedRunId. acceptRun-5
+                                            (one step with the record); TTL = run retention
+                                            from finishRun-7.
+``air:{air}:instance:<id>:queue``   list    RunIds accepted by an instance, not yet
+                                            started. acceptRun pushes, startRun/finishRun
+                                            remove (an empty list is no key).
+``air:{air}:runs:<state>``          zset    RunIds queued / running (adoption scans).
+                                            acceptRun adds, startRun moves, finishRun
+                                            removes.
+``air:{air}:runs:tenant:<t>``       zset    a tenant's RunIds by creation time. acceptRun
+                                            adds; ``RunIndex.prune`` removes entries whose
+                                            retention has passed.
+``air:{air}:runs:retention``        zset    ``<tenant>:<RunId>`` of finished runs, score =
+                                            end of retention (Redis time, ms). finishRun
+                                            adds, ``RunIndex.prune`` removes.
+``air:{air}:run-outcomes``          stream  one entry per finished runtime run (RunOutcome):
+                                            finishRun-7 (MAXLEN ~ OUTCOMES_MAXLEN); the
+                                            control plane reads it (consumer group).
+``air:{air}:srun:<SRID>``           string  SharedRun JSON. submitSharedRun-5; compare-and-
+                                            set transactions (WATCH) with the indexes below.
+``air:{air}:sruns[:tenant:<t>]``    zset    shared runs by creation time (all / per tenant).
+                                            submitSharedRun-5; retention.
+``air:{air}:sruns:open``            zset    non-terminal shared runs (reconciler).
+                                            submitSharedRun-5; a terminal transition removes.
+``air:{air}:sruns:open:tenant``     hash    SharedRunId -> tenant of each open run (where
+                                            its queue item is; metrics). Same writers.
+``air:{air}:sruns:finished``        zset    terminal shared runs by finish time (retention).
+``air:{air}:archive:sruns``         zset    terminal shared runs not yet archived (score =
+                                            finish ms): the terminal transition adds, the
+                                            control plane's SharedRunArchiver removes.
+``air:{air}:scaleout:<id>``         string  ScaleOutRequest JSON; ``air:{air}:scaleouts``
+                                            zset index (one transaction).
+``air:{air}:squeue:tenants``        zset    tenants whose shared queue may hold work, score
+                                            = announce generation. SharedQueue.enqueue
+                                            (ZINCRBY after the item), retireQueueTenant-1.
+``air:{q:<t>}:pending``             zset    tenant t's Pending items (score = enqueue us,
+                                            Redis time of t's shard). Queue scripts.
+``air:{q:<t>}:claimed``             zset    tenant t's claimed items (score = claim lease
+                                            expiry ms). Queue scripts; recoverSharedRuns-2.
+``air:{q:<t>}:item:<SRID>``         hash    queue item status, claim token, counters (the
+                                            scripts build it from
+                                            :func:`squeue_item_prefix` (t) + SRID).
+``air:{r:<inst>}:reservations``     zset    admission reservations of an instance's run
+                                            slots. reserveSlot-1, confirmReservation-1.
+``air:instance:<id>:inbox``         stream  run requests delivered by the ``redis``
+                                            provider (XADD NOMKSTREAM, MAXLEN ~). The
+                                            instance creates it with its consumer group,
+                                            acknowledges and deletes each entry it answered
+                                            (one transaction, one key), keeps a TTL of 10
+                                            registration TTLs on it and deletes it on a
+                                            graceful stop.
+``air:reply:<token>``               list    the instance's answer to one inbox request (the
+                                            ``redis`` provider BLPOPs it). RPUSH + EXPIRE
+                                            300 s in one transaction, by the instance.
+``air:assist:<E>:<inst>``           string  an instance assists execution E (SET NX, PX).
+                                            runtime_pod deletes it when the assist ends.
+``air:prefix:<p>:seq``              string  counter behind ``<p>-<n>`` instance ids (never
+                                            reused; one small key per prefix ever
+                                            configured, kept on purpose).
+``air:control-plane``               string  control-plane discovery descriptor (TTL).
+``air:control``                     pubsub  channel: execution id of every control change
+                                            (pause/resume/cancel).
+``air:suspect:<inst>``              hash    delivery failures of an instance; while its TTL
+                                            runs admission skips the instance.
+``air:delivery-failures:<inst>``    hash    consecutive delivery failures / past suspicions
+                                            of an instance (TTL). recordDeliveryFailure-1.
+==================================  ======  ================================================
 """
 
 from __future__ import annotations
@@ -162,6 +203,10 @@ from functools import cache
 from redis.crc import key_slot
 
 PREFIX = "air"
+
+CONTROL = f"{PREFIX}:{{air}}"
+"""The control tag: the keys the control plane and the fleet combine in scripts and
+transactions (records with their indexes), all in one hash slot."""
 
 #: Order of the per-execution keys passed to every execution script (``KEYS[i]``).
 EXECUTION_KEY_SUFFIXES: tuple[str, ...] = (
@@ -361,31 +406,31 @@ def lease_holders(scope: str) -> str:
 
 
 def instances() -> str:
-    return f"{PREFIX}:instances"
+    return f"{CONTROL}:instances"
 
 
 def instance(instance_id: str) -> str:
-    return f"{PREFIX}:instance:{instance_id}"
+    return f"{CONTROL}:instance:{instance_id}"
 
 
 def tenants() -> str:
-    return f"{PREFIX}:tenants"
+    return f"{CONTROL}:tenants"
 
 
 def tenant_settings(tenant_id: str) -> str:
-    return f"{PREFIX}:tenant:{tenant_id}:settings"
+    return f"{CONTROL}:tenant:{tenant_id}:settings"
 
 
 def run(run_id: str) -> str:
-    return f"{PREFIX}:run:{run_id}"
+    return f"{CONTROL}:run:{run_id}"
 
 
 def shared_run_to_run(shared_run_id: str) -> str:
-    return f"{PREFIX}:shared-run:{shared_run_id}"
+    return f"{CONTROL}:shared-run:{shared_run_id}"
 
 
 def instance_queue(instance_id: str) -> str:
-    return f"{PREFIX}:instance:{instance_id}:queue"
+    return f"{CONTROL}:instance:{instance_id}:queue"
 
 
 def instance_inbox(instance_id: str) -> str:
@@ -408,39 +453,51 @@ def prefix_sequence(prefix: str) -> str:
 
 
 def runs_in_state(state: str) -> str:
-    return f"{PREFIX}:runs:{state}"
+    return f"{CONTROL}:runs:{state}"
 
 
 def runs_by_tenant(tenant_id: str) -> str:
-    return f"{PREFIX}:runs:tenant:{tenant_id}"
+    return f"{CONTROL}:runs:tenant:{tenant_id}"
 
 
 def shared_run(shared_run_id: str) -> str:
-    return f"{PREFIX}:srun:{shared_run_id}"
+    return f"{CONTROL}:srun:{shared_run_id}"
 
 
 def shared_runs() -> str:
-    return f"{PREFIX}:sruns"
+    return f"{CONTROL}:sruns"
 
 
 def shared_runs_by_tenant(tenant_id: str) -> str:
-    return f"{PREFIX}:sruns:tenant:{tenant_id}"
+    return f"{CONTROL}:sruns:tenant:{tenant_id}"
 
 
-def squeue_pending() -> str:
-    return f"{PREFIX}:{{squeue}}:pending"
+def squeue_tag(tenant_id: str) -> str:
+    """The hash tag of one tenant's shared queue: its pending and claimed zsets and its
+    items share one slot, and different tenants' queues spread over the cluster."""
+    return f"{PREFIX}:{{q:{tenant_id}}}"
 
 
-def squeue_claimed() -> str:
-    return f"{PREFIX}:{{squeue}}:claimed"
+def squeue_pending(tenant_id: str) -> str:
+    return f"{squeue_tag(tenant_id)}:pending"
 
 
-def squeue_item_prefix() -> str:
-    return f"{PREFIX}:{{squeue}}:item:"
+def squeue_claimed(tenant_id: str) -> str:
+    return f"{squeue_tag(tenant_id)}:claimed"
 
 
-def squeue_item(shared_run_id: str) -> str:
-    return f"{squeue_item_prefix()}{shared_run_id}"
+def squeue_item_prefix(tenant_id: str) -> str:
+    return f"{squeue_tag(tenant_id)}:item:"
+
+
+def squeue_item(tenant_id: str, shared_run_id: str) -> str:
+    return f"{squeue_item_prefix(tenant_id)}{shared_run_id}"
+
+
+def squeue_tenants() -> str:
+    """Tenants whose shared queue may hold work (zset, score = announce generation):
+    what the pumps walk to see every tenant's queue."""
+    return f"{CONTROL}:squeue:tenants"
 
 
 def reservations(instance_id: str) -> str:
@@ -448,11 +505,11 @@ def reservations(instance_id: str) -> str:
 
 
 def scale_out_request(request_id: str) -> str:
-    return f"{PREFIX}:scaleout:{request_id}"
+    return f"{CONTROL}:scaleout:{request_id}"
 
 
 def scale_out_requests() -> str:
-    return f"{PREFIX}:scaleouts"
+    return f"{CONTROL}:scaleouts"
 
 
 def control_plane() -> str:
@@ -461,7 +518,7 @@ def control_plane() -> str:
 
 def run_outcomes() -> str:
     """Stream of finished runtime runs, read by the control plane."""
-    return f"{PREFIX}:run-outcomes"
+    return f"{CONTROL}:run-outcomes"
 
 
 def control_channel() -> str:
@@ -476,23 +533,30 @@ def suspect_instance(instance_id: str) -> str:
 
 def runs_retention() -> str:
     """Finished runs (``<tenant>:<RunId>``) by the end of their retention (ms)."""
-    return f"{PREFIX}:runs:retention"
+    return f"{CONTROL}:runs:retention"
 
 
 def shared_runs_open() -> str:
     """Shared runs not yet in a terminal status (zset, score = creation ms): what the
     control plane's reconciler looks at."""
-    return f"{PREFIX}:sruns:open"
+    return f"{CONTROL}:sruns:open"
+
+
+def shared_runs_open_tenants() -> str:
+    """The tenant of each open shared run (hash SharedRunId -> tenant id): where its
+    queue item is (``air:{q:<tenant>}:item:<SharedRunId>``), for readers that walk
+    the open index."""
+    return f"{CONTROL}:sruns:open:tenant"
 
 
 def shared_runs_finished() -> str:
     """Shared runs in a terminal status (zset, score = finished ms): what retention prunes."""
-    return f"{PREFIX}:sruns:finished"
+    return f"{CONTROL}:sruns:finished"
 
 
 def shared_run_archive_outbox() -> str:
     """Terminal shared runs waiting for the control plane's archiver (zset)."""
-    return f"{PREFIX}:archive:sruns"
+    return f"{CONTROL}:archive:sruns"
 
 
 def delivery_failures(instance_id: str) -> str:

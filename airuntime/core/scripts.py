@@ -25,6 +25,7 @@ from redis.exceptions import NoScriptError
 
 from airuntime.core.errors import ScriptError
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.slots import check_script
 from airuntime.core.version import installed_version
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -98,6 +99,7 @@ class ScriptLibrary:
             raise ScriptError(
                 f"Lua script {name!r} takes {script.num_keys} keys, was called with {len(keys)}."
             )
+        check_script(name, keys)  # one hash slot per call (airuntime.core.slots)
         return script
 
     async def call(

@@ -2,7 +2,7 @@
 
 Why this module exists: the shared run (control plane) and the run (runtime) are
 different records in different hands. When a runtime run reaches a terminal state the
-runtime appends a :class:`RunOutcome` to one stream (``air:run-outcomes``) in the same
+runtime appends a :class:`RunOutcome` to one stream (``air:{air}:run-outcomes``) in the same
 transaction that marks the run finished in the run index, so the outcome exists
 exactly when the run is finished. The control plane reads the stream with a consumer
 group (acknowledging after it ended the shared run), and a periodic reconciliation of

@@ -9,9 +9,9 @@ this one registry, always through the tenant visibility rules of
 
 Keys (see :mod:`airuntime.core.keys`):
 
-* ``air:instances`` zset: instance id -> heartbeat expiry (Redis time, ms). Pruned on
+* ``air:{air}:instances`` zset: instance id -> heartbeat expiry (Redis time, ms). Pruned on
   every publication; readers take the descriptors that still exist.
-* ``air:instance:<id>`` string: the :class:`InstanceDescriptor` JSON, with PX TTL,
+* ``air:{air}:instance:<id>`` string: the :class:`InstanceDescriptor` JSON, with PX TTL,
   written by ``publishInstance-2.lua``.
 
 Time: a descriptor's ``heartbeat_at_ms`` and ``capacity.snapshot_at_ms`` are **Redis
@@ -19,8 +19,8 @@ time**, stamped by the publishing script (``TIME``), never the runtime's clock. 
 the contract with admission: ``reserveSlot-1.lua`` compares ``snapshot_at_ms`` with its
 own ``TIME`` to decide which reservations the descriptor already reflects, so a runtime
 whose clock is off can neither drop live reservations nor keep stale ones.
-* ``air:tenant:<id>:settings`` string: :class:`~airuntime.fleet.tenancy.TenantSettings` JSON.
-* ``air:tenants`` set: tenant ids with stored settings.
+* ``air:{air}:tenant:<id>:settings`` string: :class:`~airuntime.fleet.tenancy.TenantSettings` JSON.
+* ``air:{air}:tenants`` set: tenant ids with stored settings.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.core.slots import ensure_transaction_slot
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
 
 
@@ -164,6 +165,7 @@ class Registry:
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.instance(instance_id))
         pipe.zrem(keys.instances(), instance_id)
+        ensure_transaction_slot("Registry.unregister", pipe)
         await pipe.execute()
 
     async def get(self, instance_id: str) -> InstanceDescriptor | None:
@@ -195,12 +197,14 @@ class Registry:
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json())
         pipe.sadd(keys.tenants(), settings.tenant_id)
+        ensure_transaction_slot("Registry.put_tenant", pipe)
         await pipe.execute()
 
     async def delete_tenant(self, tenant_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.tenant_settings(tenant_id))
         pipe.srem(keys.tenants(), tenant_id)
+        ensure_transaction_slot("Registry.delete_tenant", pipe)
         await pipe.execute()
 
     async def tenant(self, tenant_id: str) -> TenantSettings:

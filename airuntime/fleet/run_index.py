@@ -15,11 +15,12 @@ change of a run is therefore one Lua script, so nothing is ever half-written:
   one (compare-and-set).
 
 Keys (the table in :mod:`airuntime.core.keys` names each one's owner): the run hash
-``air:run:<RunId>`` (record + request, so another instance can adopt the run), the
-mapping ``air:shared-run:<SharedRunId>``, the local queue ``air:instance:<id>:queue``,
-the state indexes ``air:runs:queued|running``, the tenant index
-``air:runs:tenant:<tenant>`` and the retention index ``air:runs:retention``. Like the
-registry, the run index lives on one Redis (its scripts span several hash slots).
+``air:{air}:run:<RunId>`` (record + request, so another instance can adopt the run), the
+mapping ``air:{air}:shared-run:<SharedRunId>``, the local queue ``air:{air}:instance:<id>:queue``,
+the state indexes ``air:{air}:runs:queued|running``, the tenant index
+``air:{air}:runs:tenant:<tenant>`` and the retention index ``air:{air}:runs:retention``. Like the
+registry, the run index lives in the control slot (``{air}``): each of its scripts
+touches one hash slot, so it runs on a Redis Cluster, on one shard.
 
 Retention: a finished run's record and mapping expire after ``retention_s`` (Redis
 TTL); its tenant index entry is removed by :meth:`RunIndex.prune`, which every runtime

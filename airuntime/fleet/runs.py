@@ -6,7 +6,7 @@ HTTP). It must carry the :class:`~airuntime.core.context.ExecutionContextSnapsho
 request without one is refused, because the snapshot's ``tenant_id`` is the only
 tenant boundary. Delivering the same ``shared_run_id`` twice creates one ``RunId``.
 
-The *run record* is the run execution index entry (``air:run:<RunId>``): RunId ->
+The *run record* is the run execution index entry (``air:{air}:run:<RunId>``): RunId ->
 ExecutionId, instance, status, failure reason, timestamps, snapshot, metadata.
 Status and cancel by RunId read it under the caller's tenant first.
 """

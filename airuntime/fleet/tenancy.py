@@ -49,7 +49,7 @@ class IsolationMode(StrEnum):
 
 
 class TenantSettings(BaseModel):
-    """How one tenant's runs are placed. Stored in Redis (``air:tenant:<id>:settings``),
+    """How one tenant's runs are placed. Stored in Redis (``air:{air}:tenant:<id>:settings``),
     written from a YAML file locally and from RuntimePool resources on Kubernetes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

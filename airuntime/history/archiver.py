@@ -115,7 +115,7 @@ def _run_record(run_id: str, values: list[Any]) -> dict[str, str]:
 
 
 async def _read_run_records(redis: RedisClient, run_ids: list[str]) -> list[dict[str, str]]:
-    """The runtime's run records (``air:run:<RunId>``), one round trip."""
+    """The runtime's run records (``air:{air}:run:<RunId>``), one round trip."""
     pipe = redis.pipeline(transaction=False)
     for rid in run_ids:
         pipe.hmget(keys.run(rid), _RUN_FIELDS)

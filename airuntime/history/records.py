@@ -153,7 +153,7 @@ class ArchivedSharedRun:
     created_ms: int
     finished_ms: int | None
     run: JsonObject
-    """The SharedRun JSON (``air:srun:<SRID>``)."""
+    """The SharedRun JSON (``air:{air}:srun:<SRID>``)."""
     archived_at_ms: int | None = None
     """When the shared run was first archived; set by the store."""
 

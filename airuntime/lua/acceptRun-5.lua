@@ -6,11 +6,11 @@
   deliveries of one SharedRunId, to any instances, create one RunId and one queue entry.
 
   Input:
-    KEYS[1] SharedRunId -> RunId mapping (air:shared-run:<SharedRunId>)
-    KEYS[2] record of the run to create (air:run:<ARGV[1]>)
-    KEYS[3] the tenant's run index (air:runs:tenant:<ARGV[4]>)
-    KEYS[4] queued runs (air:runs:queued)
-    KEYS[5] the accepting instance's local queue (air:instance:<ARGV[3]>:queue)
+    KEYS[1] SharedRunId -> RunId mapping (air:{air}:shared-run:<SharedRunId>)
+    KEYS[2] record of the run to create (air:{air}:run:<ARGV[1]>)
+    KEYS[3] the tenant's run index (air:{air}:runs:tenant:<ARGV[4]>)
+    KEYS[4] queued runs (air:{air}:runs:queued)
+    KEYS[5] the accepting instance's local queue (air:{air}:instance:<ARGV[3]>:queue)
     ARGV[1] RunId to create (unused when the SharedRunId already has one)
     ARGV[2] SharedRunId
     ARGV[3] accepting instance id

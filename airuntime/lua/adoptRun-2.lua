@@ -6,8 +6,8 @@
   its runs.
 
   Input:
-    KEYS[1] the run hash (air:run:<RunId>)
-    KEYS[2] the registry descriptor of the owner believed dead (air:instance:<ARGV[1]>)
+    KEYS[1] the run hash (air:{air}:run:<RunId>)
+    KEYS[2] the registry descriptor of the owner believed dead (air:{air}:instance:<ARGV[1]>)
     ARGV[1] instance id the caller believes owns the run (dead)
     ARGV[2] adopting instance id
     ARGV[3] now, milliseconds (ledger only; the decision does not use time)

@@ -5,9 +5,9 @@
   drops it).
 
   Input:
-    KEYS[1] pending zset
-    KEYS[2] claimed zset
-    ARGV[1] item key prefix
+    KEYS[1] the tenant's pending zset (air:{q:<tenant>}:pending)
+    KEYS[2] the tenant's claimed zset (air:{q:<tenant>}:claimed)
+    ARGV[1] the tenant's item key prefix (air:{q:<tenant>}:item:)
     ARGV[2] SharedRunId
 
   Output:

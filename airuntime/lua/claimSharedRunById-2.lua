@@ -3,9 +3,9 @@
   submit time for that run, not for whatever is at the head of the queue).
 
   Input:
-    KEYS[1] pending zset
-    KEYS[2] claimed zset
-    ARGV[1] item key prefix
+    KEYS[1] the tenant's pending zset (air:{q:<tenant>}:pending)
+    KEYS[2] the tenant's claimed zset (air:{q:<tenant>}:claimed)
+    ARGV[1] the tenant's item key prefix (air:{q:<tenant>}:item:)
     ARGV[2] claimer (pump identity)
     ARGV[3] claim lease, milliseconds
     ARGV[4] SharedRunId

@@ -1,21 +1,21 @@
 --[[
-  Claim up to ARGV[4] of the oldest Pending shared-queue items for one pump, in queue
-  order, skipping items of the tenants listed in ARGV[5..] (tenants that found no
-  capacity earlier in this pump cycle; scans at most 1000 items). The batch form of
-  claimSharedRun: one call per pump cycle instead of one per run. Items whose claim
-  lease expired go back to Pending first, as in claimSharedRun.
+  Claim up to ARGV[4] of the oldest Pending items of one tenant's shared queue for one
+  pump, in queue order. The batch form of claimSharedRun: the pump reads the heads of
+  every tenant's queue, picks the oldest items over all of them and calls this once
+  per tenant with its share, all in one round trip (SharedQueue.claim_batch). Items
+  whose claim lease expired go back to Pending first, as in claimSharedRun.
 
   Input:
-    KEYS[1] pending zset
-    KEYS[2] claimed zset
-    ARGV[1] item key prefix
+    KEYS[1] the tenant's pending zset (air:{q:<tenant>}:pending)
+    KEYS[2] the tenant's claimed zset (air:{q:<tenant>}:claimed)
+    ARGV[1] the tenant's item key prefix (air:{q:<tenant>}:item:)
     ARGV[2] claimer (pump identity)
     ARGV[3] claim lease, milliseconds
     ARGV[4] most items to claim (>= 1)
-    ARGV[5..] tenant ids to skip
 
   Output:
-    {recoveredCount, SharedRunId1, claimToken1, tenantId1, SharedRunId2, ...}
+    {recoveredCount, SharedRunId1, claimToken1, tenantId1, score1, SharedRunId2, ...}
+    (score: the item's place in the queue, enqueue time in microseconds)
     ({recoveredCount} alone when nothing is pending)
 ]]
 --- @include "nowMs"
@@ -27,21 +27,13 @@ local prefix, claimer, leaseMs = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local most = tonumber(ARGV[4])
 local now, nowUs = nowMs()
 local recovered = recoverClaims(claimedKey, pendingKey, prefix, now, nowUs)
-local skip = {}
-for i = 5, #ARGV do skip[ARGV[i]] = true end
-local scan = most
-if #ARGV >= 5 then scan = 1000 end
 local out = {recovered}
-local taken = 0
-for _, srid in ipairs(redis.call('ZRANGE', pendingKey, 0, scan - 1)) do
-  if taken >= most then break end
-  local tenant = redis.call('HGET', prefix .. srid, 'tenant_id') or ''
-  if not skip[tenant] then
-    local token = claimQueueItem(pendingKey, claimedKey, prefix .. srid, srid, claimer, leaseMs, now)
-    out[#out + 1] = srid
-    out[#out + 1] = token
-    out[#out + 1] = tenant
-    taken = taken + 1
-  end
+for _, srid in ipairs(redis.call('ZRANGE', pendingKey, 0, most - 1)) do
+  local item = redis.call('HMGET', prefix .. srid, 'tenant_id', 'score')
+  local token = claimQueueItem(pendingKey, claimedKey, prefix .. srid, srid, claimer, leaseMs, now)
+  out[#out + 1] = srid
+  out[#out + 1] = token
+  out[#out + 1] = item[1] or ''
+  out[#out + 1] = item[2] or '0'
 end
 return out

@@ -4,13 +4,14 @@
   ScaleOutRequested item is enqueued again only when ARGV[3] = '1' (requeue after
   scale-out fulfilment).
 
-  All shared-queue keys share the hash tag {squeue}; item keys are built from
-  ARGV[1] inside that tag (one slot, Redis-Cluster safe).
+  A tenant's queue keys share the hash tag {q:<tenant>}; item keys are built from
+  ARGV[1] inside that tag (one slot, Redis-Cluster safe). The caller announces the
+  tenant in the tenant index (air:{air}:squeue:tenants) after this call.
 
   Input:
-    KEYS[1] pending zset   (air:{squeue}:pending, score = enqueue time in microseconds)
-    KEYS[2] claimed zset   (air:{squeue}:claimed, score = claim lease expiry ms)
-    ARGV[1] item key prefix (air:{squeue}:item:)
+    KEYS[1] pending zset   (air:{q:<tenant>}:pending, score = enqueue time in microseconds)
+    KEYS[2] claimed zset   (air:{q:<tenant>}:claimed, score = claim lease expiry ms)
+    ARGV[1] item key prefix (air:{q:<tenant>}:item:)
     ARGV[2] SharedRunId
     ARGV[3] '1' to requeue an item that left the queue, '0' otherwise
     ARGV[4] tenant id

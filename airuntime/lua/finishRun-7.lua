@@ -8,13 +8,13 @@
   outcome.
 
   Input:
-    KEYS[1] the run's record (air:run:<RunId>)
-    KEYS[2] queued runs (air:runs:queued)
-    KEYS[3] running runs (air:runs:running)
-    KEYS[4] the outcome stream (air:run-outcomes)
-    KEYS[5] the run's SharedRunId -> RunId mapping (air:shared-run:<SharedRunId>)
-    KEYS[6] runs waiting for the retention sweep (air:runs:retention)
-    KEYS[7] the local queue of the instance owning the run (air:instance:<id>:queue)
+    KEYS[1] the run's record (air:{air}:run:<RunId>)
+    KEYS[2] queued runs (air:{air}:runs:queued)
+    KEYS[3] running runs (air:{air}:runs:running)
+    KEYS[4] the outcome stream (air:{air}:run-outcomes)
+    KEYS[5] the run's SharedRunId -> RunId mapping (air:{air}:shared-run:<SharedRunId>)
+    KEYS[6] runs waiting for the retention sweep (air:{air}:runs:retention)
+    KEYS[7] the local queue of the instance owning the run (air:{air}:instance:<id>:queue)
     ARGV[1] RunId
     ARGV[2] terminal status: completed | failed | cancelled
     ARGV[3] failure reason ('' = none)

@@ -5,8 +5,8 @@
   descriptor's age with reservations by Redis time only (reserveSlot-1.lua).
 
   Input:
-    KEYS[1] the instance's descriptor (air:instance:<id>)
-    KEYS[2] the instance index (air:instances, score = heartbeat expiry ms)
+    KEYS[1] the instance's descriptor (air:{air}:instance:<id>)
+    KEYS[2] the instance index (air:{air}:instances, score = heartbeat expiry ms)
     ARGV[1] instance id
     ARGV[2] InstanceDescriptor JSON (compact, as pydantic writes it); the values of its
             heartbeat_at_ms and capacity.snapshot_at_ms are replaced by Redis time (as

@@ -6,9 +6,9 @@
   cannot settle an item another pump now owns.
 
   Input:
-    KEYS[1] pending zset
-    KEYS[2] claimed zset
-    ARGV[1] item key prefix
+    KEYS[1] the tenant's pending zset (air:{q:<tenant>}:pending)
+    KEYS[2] the tenant's claimed zset (air:{q:<tenant>}:claimed)
+    ARGV[1] the tenant's item key prefix (air:{q:<tenant>}:item:)
     ARGV[2] SharedRunId
     ARGV[3] claim token
     ARGV[4] outcome: Dispatched | Pending | ScaleOutRequested | Rejected | Cancelled

@@ -9,10 +9,10 @@
   queued, or already running with its ExecutionId (and resumed by reconciliation).
 
   Input:
-    KEYS[1] the run's record (air:run:<RunId>)
-    KEYS[2] the instance's local queue (air:instance:<id>:queue)
-    KEYS[3] queued runs (air:runs:queued)
-    KEYS[4] running runs (air:runs:running)
+    KEYS[1] the run's record (air:{air}:run:<RunId>)
+    KEYS[2] the instance's local queue (air:{air}:instance:<id>:queue)
+    KEYS[3] queued runs (air:{air}:runs:queued)
+    KEYS[4] running runs (air:{air}:runs:running)
     ARGV[1] RunId
     ARGV[2] instance id (the caller)
     ARGV[3] ExecutionId to record

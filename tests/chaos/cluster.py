@@ -28,6 +28,7 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from airuntime.core import keys
 from airuntime.devstack.child_process import free_port
 from tests.chaos import effects
 from tests.runtime.restartable import RestartableValkey
@@ -238,7 +239,7 @@ class Cluster:
         self.runtimes[iid] = proc
 
         async def registered() -> bool:
-            raw = await self.redis.get(f"air:instance:{iid}")
+            raw = await self.redis.get(keys.instance(iid))
             return raw is not None and json.loads(raw)["capacity"]["can_accept_run"] is True
 
         await until(lambda: retrying(registered), 60, f"{iid} registered", proc)

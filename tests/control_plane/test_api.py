@@ -207,15 +207,15 @@ async def test_drain_with_stop_on_failure_stops_at_the_first_failed_delivery(
         "stopped": "failure",
     }
     assert len(broken.contexts) == 1  # one delivery attempt, then the pump stopped
-    assert (await cp.queue.item(failing))["status"] == "Pending"
-    left = await cp.queue.item(behind)
+    assert (await cp.queue.item(failing, "tenant-a"))["status"] == "Pending"
+    left = await cp.queue.item(behind, "default")
     assert left["status"] == "Pending" and "claims" not in left  # never even claimed
     assert await cp.queue.pending_count() == 2
 
     went_on = (await client.post("/v1/queue/drain", headers=auth("alice-a"))).json()
     assert (went_on["dispatched"], went_on["failed"], went_on["stopped"]) == (1, 1, "empty")
-    assert (await cp.queue.item(behind))["status"] == "Dispatched"
-    assert (await cp.queue.item(failing))["status"] == "Pending"
+    assert (await cp.queue.item(behind, "default"))["status"] == "Dispatched"
+    assert (await cp.queue.item(failing, "tenant-a"))["status"] == "Pending"
 
 
 async def test_settings_change_whole_by_admin_and_step_slots_by_the_tenants_operators(

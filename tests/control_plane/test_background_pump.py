@@ -91,7 +91,7 @@ async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_ht
         assert observed == []
         queued = await cp.runs.get(run.shared_run_id)
         assert queued is not None and queued.status is SharedRunStatus.QUEUED_GLOBALLY
-        assert (await cp.queue.item(run.shared_run_id))["status"] == "Pending"
+        assert (await cp.queue.item(run.shared_run_id, "default"))["status"] == "Pending"
 
         # 3. A pooled HTTP host registers its children: the gate passes, the pump dispatches.
         async with running_host(host):

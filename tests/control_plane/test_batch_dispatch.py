@@ -86,10 +86,10 @@ async def test_a_batch_spreads_runs_over_identical_instances_and_dispatches_each
             assert stored.assigned_instance_id == target.instance_id
             assert stored.run_id == target.run_ids[request.shared_run_id]
             assert stored.snapshot == request.snapshot  # the stored snapshot travelled
-            item = await cp.queue.item(request.shared_run_id)
+            item = await cp.queue.item(request.shared_run_id, "default")
             assert item["status"] == "Dispatched" and "failed_dispatches" not in item
     assert await cp.queue.pending_count() == 0
-    assert await redis.zcard(keys.squeue_claimed()) == 0
+    assert await cp.queue.claimed_count() == 0
 
 
 async def test_runs_without_room_stay_pending_and_only_the_tried_one_counts_a_failure(
@@ -106,14 +106,14 @@ async def test_runs_without_room_stay_pending_and_only_the_tried_one_counts_a_fa
     assert await cp.queue.pending_count() == 15
     # The first run without room went through the single-run decision (QueueGlobally,
     # counted); the others were released untried, in their places.
-    sixth = await cp.queue.item(runs[5].shared_run_id)
+    sixth = await cp.queue.item(runs[5].shared_run_id, "default")
     assert sixth["status"] == "Pending" and sixth["failed_dispatches"] == "1"
     for run in runs[6:]:
-        item = await cp.queue.item(run.shared_run_id)
+        item = await cp.queue.item(run.shared_run_id, "default")
         assert item["status"] == "Pending" and "failed_dispatches" not in item
         stored = await cp.runs.require(run.shared_run_id)
         assert stored.status is SharedRunStatus.QUEUED_GLOBALLY and stored.run_id is None
-    pending = [i.decode() for i in await redis.zrange(keys.squeue_pending(), 0, -1)]
+    pending = [i.decode() for i in await redis.zrange(keys.squeue_pending("default"), 0, -1)]
     assert pending == [r.shared_run_id for r in runs[5:]]  # queue order kept
 
 
@@ -132,7 +132,7 @@ async def test_a_refused_delivery_in_a_batch_puts_only_its_runs_back(redis: Redi
     ok = {r.shared_run_id for r in good.deliveries}
     for run in runs:
         stored = await cp.runs.require(run.shared_run_id)
-        item = await cp.queue.item(run.shared_run_id)
+        item = await cp.queue.item(run.shared_run_id, "default")
         if run.shared_run_id in ok:
             assert stored.status is SharedRunStatus.DISPATCHED
         else:

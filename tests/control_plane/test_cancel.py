@@ -47,7 +47,7 @@ async def test_cancelling_a_queued_run_takes_it_out_of_the_shared_queue(
 
         cancelled = await cp.cancel(doomed.shared_run_id, "default")
         assert cancelled is not None and cancelled.status is SharedRunStatus.CANCELLED
-        assert (await cp.queue.item(doomed.shared_run_id))["status"] == "Cancelled"
+        assert (await cp.queue.item(doomed.shared_run_id, "default"))["status"] == "Cancelled"
         assert await cp.queue.pending_count() == 1
 
         result = await cp.drain(10)
@@ -192,7 +192,7 @@ async def test_cancel_during_admission_is_not_overwritten_by_the_decision(
 
         stored = await cp.runs.get(run.shared_run_id)
         assert stored is not None and stored.status is SharedRunStatus.CANCELLED
-        assert (await cp.queue.item(run.shared_run_id))["status"] == "Cancelled"
+        assert (await cp.queue.item(run.shared_run_id, "tenant-a"))["status"] == "Cancelled"
         # Even if capacity is created for it, the cancelled run is not requeued.
         requeuer = FulfilledRunRequeuer(cp.scale_outs, cp.runs, cp.queue)
         for req in await cp.scale_outs.list():

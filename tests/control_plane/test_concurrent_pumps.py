@@ -146,7 +146,7 @@ async def _assert_one_run_id_per_shared_run(
     assert sorted(index_ids) == sorted(str(r) for r in run_ids)
     pipe = valkey.pipeline(transaction=False)
     for srid in srids:
-        pipe.hmget(keys.squeue_item_prefix() + srid, ["status", "claims"])
+        pipe.hmget(keys.squeue_item("default", srid), ["status", "claims"])
     items = await pipe.execute()
     assert {(s.decode(), c.decode()) for s, c in items} == {("Dispatched", "1")}
     pipe = valkey.pipeline(transaction=False)
@@ -187,21 +187,21 @@ async def test_pump_dying_between_claim_and_settle_is_recovered_without_double_d
         # While its claim lease runs, the item is nobody else's.
         blocked = await cp.drain(10)
         assert blocked.dispatched == 0 and blocked.stopped == "empty"
-        assert (await cp.queue.item(srid))["status"] == "Claimed"
+        assert (await cp.queue.item(srid, "default"))["status"] == "Claimed"
 
         # After the lease expired, the live pump recovers the item: it delivers it, or
         # (the runtime already ran the dead pump's delivery and its outcome ended the
         # shared run) retires it as Dispatched without delivering it again.
         async def recovered() -> bool:
             await cp.drain(10)
-            return (await cp.queue.item(srid))["status"] == "Dispatched"
+            return (await cp.queue.item(srid, "default"))["status"] == "Dispatched"
 
         await wait_for(recovered, timeout_s=10, what="claim lease expiry and recovery")
-        item = await cp.queue.item(srid)
+        item = await cp.queue.item(srid, "default")
         assert item["claims"] == "2"
         # The dead pump's late settle is refused: its claim token is stale.
         assert await dead.settle(claimed, "Pending", "zombie") is False
-        assert (await cp.queue.item(srid))["status"] == "Dispatched"
+        assert (await cp.queue.item(srid, "default"))["status"] == "Dispatched"
 
         async def ended() -> dict[str, Any] | None:
             body = await run_body(cp, srid, "default")

@@ -135,7 +135,7 @@ async def test_failed_dispatch_leaves_run_queued_and_leaks_no_context(
         assert stored.status is SharedRunStatus.QUEUED_GLOBALLY
         assert stored.run_id is None and stored.execution_id is None
         assert stored.assigned_instance_id is None and stored.pump_worker_id is None
-        item = await cp.queue.item(run.shared_run_id)
+        item = await cp.queue.item(run.shared_run_id, run.snapshot.tenant_id)
         assert item["status"] == "Pending"
         assert item["failed_dispatches"] == "1"
         assert await cp.run_index.run_for_shared(run.shared_run_id) is None
@@ -164,7 +164,7 @@ async def test_a_failing_runtime_does_not_starve_other_tenants_queued_runs(
     assert bodies[behind.shared_run_id]["run"]["status"] == "completed"
     stuck = await cp.runs.get(blocked.shared_run_id)
     assert stuck is not None and stuck.status is SharedRunStatus.QUEUED_GLOBALLY
-    assert (await cp.queue.item(blocked.shared_run_id))["status"] == "Pending"
+    assert (await cp.queue.item(blocked.shared_run_id, "tenant-a"))["status"] == "Pending"
 
 
 async def test_queue_item_of_a_missing_shared_run_is_settled_without_dispatch(
@@ -180,6 +180,6 @@ async def test_queue_item_of_a_missing_shared_run_is_settled_without_dispatch(
 
     assert result.dispatched == 1
     assert [d.shared_run_id for d in recorder.deliveries] == [real.shared_run_id]
-    assert (await cp.queue.item("sr-ghost"))["status"] == "Cancelled"
+    assert (await cp.queue.item("sr-ghost", "default"))["status"] == "Cancelled"
     assert await cp.queue.pending_count() == 0
     assert current_context() is None

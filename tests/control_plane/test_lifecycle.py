@@ -1,7 +1,7 @@
 """Shared runs end: Succeeded / Failed / Cancelled, and no cancel is ever written over.
 
 * The outcome reader ends a run from the runtime's outcome (a ``RunOutcome`` entry on
-  ``air:run-outcomes``, written here exactly as a runtime writes it), acknowledges the
+  ``air:{air}:run-outcomes``, written here exactly as a runtime writes it), acknowledges the
   entry only after that, and re-reads what it read but did not acknowledge after a
   restart. Outcomes of another tenant or another RunId change nothing.
 * The reconciler ends a dispatched run whose runtime run is terminal when no outcome
@@ -240,7 +240,7 @@ async def test_submit_creates_the_queued_run_and_its_queue_item_in_one_step_and_
     run = await cp.submit(TINY_PIPELINE, snap())
     stored = await cp.runs.require(run.shared_run_id)
     assert stored.status is SharedRunStatus.QUEUED_GLOBALLY == run.status
-    item = await cp.queue.item(run.shared_run_id)
+    item = await cp.queue.item(run.shared_run_id, "default")
     assert item["status"] == "Pending" and item["tenant_id"] == "default"
     assert await redis.zscore(keys.shared_runs_open(), run.shared_run_id) is not None
 
@@ -249,7 +249,7 @@ async def test_submit_creates_the_queued_run_and_its_queue_item_in_one_step_and_
     assert answer is not None and answer.status is SharedRunStatus.CANCELLED
     assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
     assert await cp.queue.pending_count() == 0
-    assert (await cp.queue.item(run.shared_run_id))["status"] == "Cancelled"
+    assert (await cp.queue.item(run.shared_run_id, "default"))["status"] == "Cancelled"
 
 
 async def test_a_cancel_between_the_requeuers_read_and_write_stands(

@@ -93,7 +93,7 @@ async def test_pump_local_dispatch_requires_an_explicitly_injected_admission_tar
         assert "tenant-a-runtime-1" in r.reason
         stored = await cp.runs.get(foreign.shared_run_id)
         assert stored is not None and stored.status is SharedRunStatus.QUEUED_GLOBALLY
-        assert (await cp.queue.item(foreign.shared_run_id))["status"] == "Pending"
+        assert (await cp.queue.item(foreign.shared_run_id, "default"))["status"] == "Pending"
 
         bodies = await drain_until_finished(
             cp, {local.shared_run_id: "default", foreign.shared_run_id: "default"}

@@ -82,28 +82,28 @@ async def test_the_scripts_move_items_exactly_along_the_table(redis: Redis) -> N
     S = QueueItemStatus
 
     async def do(srid: str, op: Awaitable[T]) -> T:
-        before = await queue.status(srid)
+        before = await queue.status(srid, "default")
         result = await op
-        after = await queue.status(srid)
+        after = await queue.status(srid, "default")
         if before is not None and after is not None and after is not before:
             moves.add((before, after))
         return result
 
     async def claim_and_settle(srid: str, outcome: QueueItemStatus) -> None:
-        item = await do(srid, queue.claim("pump", srid))
+        item = await do(srid, queue.claim("pump", srid, "default"))
         assert item is not None, srid
         assert await do(srid, queue.settle(item, outcome, "test"))
 
     for srid in ("a", "b", "c", "d"):
         await queue.enqueue(srid, "default")
-        assert await queue.status(srid) is S.PENDING
+        assert await queue.status(srid, "default") is S.PENDING
 
     # a: back to Pending, Dispatched (not cancellable), requeued, cancelled, requeued
     await claim_and_settle("a", S.PENDING)
     await claim_and_settle("a", S.DISPATCHED)
-    assert await do("a", queue.cancel("a")) == 0
+    assert await do("a", queue.cancel("a", "default")) == 0
     await do("a", queue.enqueue("a", "default", requeue=True))
-    await do("a", queue.cancel("a"))
+    await do("a", queue.cancel("a", "default"))
     await do("a", queue.enqueue("a", "default", requeue=True))
     # b: parked (ScaleOutRequested, Rejected), requeued only on request, cancelled parked
     await claim_and_settle("b", S.SCALE_OUT_REQUESTED)
@@ -112,13 +112,13 @@ async def test_the_scripts_move_items_exactly_along_the_table(redis: Redis) -> N
     await claim_and_settle("b", S.REJECTED)
     await do("b", queue.enqueue("b", "default", requeue=True))
     await claim_and_settle("b", S.SCALE_OUT_REQUESTED)
-    await do("b", queue.cancel("b"))
+    await do("b", queue.cancel("b", "default"))
     # c: cancelled while Rejected; d: cancelled while Claimed, then its settle is refused
     await claim_and_settle("c", S.REJECTED)
-    await do("c", queue.cancel("c"))
-    claimed = await do("d", queue.claim("pump", "d"))
+    await do("c", queue.cancel("c", "default"))
+    claimed = await do("d", queue.claim("pump", "d", "default"))
     assert claimed is not None
-    await do("d", queue.cancel("d"))
+    await do("d", queue.cancel("d", "default"))
     assert await do("d", queue.settle(claimed, S.DISPATCHED)) is False
 
     table = {(a, b) for a, nexts in QUEUE_ITEM_TRANSITIONS.items() for b in nexts}
@@ -131,7 +131,7 @@ async def test_pending_items_are_listed_oldest_first_per_tenant(redis: Redis) ->
     tenants = ["tenant-a", "tenant-b", "tenant-a", "tenant-b", "tenant-a"]
     for srid, tenant in zip(ids, tenants, strict=True):
         assert await queue.enqueue(srid, tenant)
-    claimed = await queue.claim("pump-1", ids[2])
+    claimed = await queue.claim("pump-1", ids[2], "tenant-a")
     assert claimed is not None, "a claimed item is no longer pending"
     everyone = await queue.pending_items(None)
     assert [i.shared_run_id for i in everyone] == [ids[0], ids[1], ids[3], ids[4]]

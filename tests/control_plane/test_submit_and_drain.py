@@ -124,7 +124,7 @@ async def test_background_pump_disabled_keeps_runs_queued_until_manual_drain(
         await wait_for(heartbeat_moved, timeout_s=10, what="two runtime heartbeats")
         still = await cp.runs.get(run.shared_run_id)
         assert still is not None and still.status is SharedRunStatus.QUEUED_GLOBALLY
-        assert (await cp.queue.item(run.shared_run_id))["status"] == "Pending"
+        assert (await cp.queue.item(run.shared_run_id, "default"))["status"] == "Pending"
         assert not cp.background.ready.is_set()
 
         bodies = await drain_until_finished(cp, {run.shared_run_id: "default"})
@@ -139,7 +139,7 @@ async def test_manual_drain_is_refused_when_the_pump_is_disabled(redis: Redis) -
         with pytest.raises(ControlPlaneError) as err:
             await cp.drain(10)
         assert err.value.status == 409
-        assert (await cp.queue.item(run.shared_run_id))["status"] == "Pending"
+        assert (await cp.queue.item(run.shared_run_id, "default"))["status"] == "Pending"
 
 
 @pytest.mark.parametrize(
@@ -188,7 +188,7 @@ async def test_direct_dispatch_keeps_the_real_admission_decision(
             await wait_finished(cp, run.shared_run_id, tenant)
 
     assert run.status is expected_status
-    assert (await cp.queue.item(run.shared_run_id))["status"] == expected_item
+    assert (await cp.queue.item(run.shared_run_id, tenant))["status"] == expected_item
     if case == "capacity":
         assert preview is Decision.ASSIGN
         assert run.run_id is not None and run.assigned_instance_id == "runtime-instance-1"

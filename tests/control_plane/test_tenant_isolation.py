@@ -512,8 +512,8 @@ async def test_tenant_free_routes_carry_no_run_data(world: World) -> None:
 async def _runs_in_redis(world: World) -> tuple[set[bytes], set[bytes], int]:
     b_queue = keys.instance_queue(world.b_host.instances[0].instance_id)
     return (
-        set(await world.redis.keys("air:run:*")),
-        set(await world.redis.keys("air:shared-run:*")),
+        set(await world.redis.keys(keys.run("*"))),
+        set(await world.redis.keys(keys.shared_run_to_run("*"))),
         await world.redis.llen(b_queue),
     )
 

@@ -67,7 +67,7 @@ async def test_runs_are_archived_then_their_hot_keys_go(redis: Redis, tmp_path: 
             async def hot_keys_gone() -> bool:
                 pipe = redis.pipeline()
                 for i in ids:
-                    pipe.exists(keys.shared_run(i), keys.squeue_item(i))
+                    pipe.exists(keys.shared_run(i), keys.squeue_item("default", i))
                 for e in eids:
                     pipe.exists(*keys.execution_keys(e).all())
                     pipe.zscore(keys.executions_index(), e)

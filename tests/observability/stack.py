@@ -30,6 +30,7 @@ import httpx
 import yaml
 
 from airuntime.control_plane.shared_runs import SharedRunStore
+from airuntime.core import keys
 from airuntime.devstack.child_process import free_port
 from tests.chaos.cluster import API_TOKEN, Cluster, ClusterConfig, Proc, retrying, until
 
@@ -124,7 +125,7 @@ class ObservedCluster(Cluster):
         """``host:port`` of every runtime's HTTP server (``/metrics``)."""
         targets = []
         for iid in self.runtimes:
-            raw = await retrying(lambda i=iid: self.redis.get(f"air:instance:{i}"))
+            raw = await retrying(lambda i=iid: self.redis.get(keys.instance(i)))
             assert raw, f"{iid} is not registered"
             targets.append(httpx.URL(json.loads(raw)["endpoint"]).netloc.decode())
         return targets

@@ -48,7 +48,7 @@ async def _hot_keys(redis: Redis, srid: str, execution_id: str) -> list[str]:
     """The run's keys Redis still holds (shared run, queue item, execution keys)."""
     names = [
         keys.shared_run(srid),
-        keys.squeue_item(srid),
+        keys.squeue_item("tenant-a", srid),
         *keys.execution_keys(execution_id).all(),
     ]
     pipe = redis.pipeline(transaction=False)

@@ -115,7 +115,7 @@ async def test_delivering_the_same_shared_run_id_twice_creates_one_run_id(
     for run_id in (first, a):
         assert await runtime.watcher.reached(run_id, "completed", "failed") == "completed"
         assert runtime.watcher.states[run_id] == ["queued", "running", "completed"]
-    assert len(await redis.keys("air:run:*")) == 2
+    assert len(await redis.keys(keys.run("*"))) == 2
     assert await redis.zcard(keys.executions_index()) == 2, "one execution per SharedRunId"
 
 
@@ -151,7 +151,10 @@ async def test_every_intake_refuses_a_request_without_snapshot_naming_it(
         answer = resp.json()
     assert answer["reason"] == "invalid"
     assert "snapshot" in answer["error"], answer
-    assert await redis.keys("air:run:*") == [] and await redis.keys("air:shared-run:*") == []
+    assert (
+        await redis.keys(keys.run("*")) == []
+        and await redis.keys(keys.shared_run_to_run("*")) == []
+    )
     assert await runtime.index.queue_length(inst.instance_id) == 0
 
 

@@ -46,8 +46,8 @@ PATHS = ["local", "redis", "http"]
 
 
 async def _nothing_written(redis: Redis, instance_id: str) -> None:
-    assert await redis.keys("air:run:*") == []
-    assert await redis.keys("air:shared-run:*") == []
+    assert await redis.keys(keys.run("*")) == []
+    assert await redis.keys(keys.shared_run_to_run("*")) == []
     assert await redis.llen(keys.instance_queue(instance_id)) == 0
     assert await redis.zcard(keys.executions_index()) == 0
 

@@ -1,5 +1,5 @@
 """A run that ends is finished in the run index and announced on the outcome stream in
-one step, with its step-slot evidence: the control plane reads ``air:run-outcomes`` to
+one step, with its step-slot evidence: the control plane reads ``air:{air}:run-outcomes`` to
 end the shared run, and the evidence leaves the runtime's memory.
 """
 

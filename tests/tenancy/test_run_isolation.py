@@ -45,7 +45,7 @@ async def test_tenant_b_cannot_get_or_cancel_tenant_a_shared_run(
         assert await cp.list("tenant-b") == []
         still = await cp.runs.get(srid)
         assert still is not None and still.status is SharedRunStatus.QUEUED_GLOBALLY
-        assert (await cp.queue.item(srid))["status"] == "Pending"
+        assert (await cp.queue.item(srid, "tenant-a"))["status"] == "Pending"
 
         # Dispatched and completed: still invisible to B, B's cancel changes nothing.
         bodies = await drain_until_finished(cp, {srid: "tenant-a"})

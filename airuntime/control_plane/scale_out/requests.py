@@ -25,6 +25,7 @@ from airuntime.control_plane.json_records import update_record
 from airuntime.core import keys
 from airuntime.core.errors import AirError
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.slots import ensure_transaction_slot
 from airuntime.fleet.tenancy import TenantSettings
 from airuntime.k8s.v1alpha1 import ScaleOutPhase as ScaleOutPhase  # the contract's, re-exported
 
@@ -93,6 +94,7 @@ class ScaleOutStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(keys.scale_out_request(req.request_id), req.model_dump_json())
         pipe.zadd(keys.scale_out_requests(), {req.request_id: req.requested_at_ms})
+        ensure_transaction_slot("ScaleOutRequests.create", pipe)
         await pipe.execute()
         return req
 

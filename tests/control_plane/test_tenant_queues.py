@@ -1,0 +1,306 @@
+"""The shared queue sharded per tenant: the pumps still see every tenant, in queue order.
+
+Each tenant's queue is its own hash slot (``air:{q:<tenant>}:*``); the index of tenants
+with work (``air:{air}:squeue:tenants``) is how pumps find them. These tests prove the
+pumps' view stays whole: a batch takes the oldest items over all tenants, many pumps
+racing over many tenants claim each item exactly once, and enqueues racing with the
+pumps' retiring of empty tenants never strand an item. Concurrency starts at a
+barrier; nothing waits on a sleep for ordering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from redis.asyncio import Redis
+
+from airuntime.control_plane.queue_tenants import QueueTenants
+from airuntime.control_plane.reconciler import Reconciler
+from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus, SharedQueue
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
+from airuntime.core import keys
+from airuntime.core.scripts import library
+from tests.control_plane.support import TINY_PIPELINE, manual_cp, snap
+
+TENANTS = 40
+PER_TENANT = 25
+PUMPS = 8
+
+
+def _srid(tenant: int, n: int) -> str:
+    return f"sr-{tenant:016x}{n:016x}"
+
+
+async def _enqueue_round_robin(queue: SharedQueue, tenants: int, per_tenant: int) -> list[str]:
+    """Items enqueued tenant by tenant in turn: t0#0, t1#0, ..., t0#1, t1#1, ..."""
+    order = []
+    for n in range(per_tenant):
+        for t in range(tenants):
+            assert await queue.enqueue(_srid(t, n), f"tenant-{t}")
+            order.append(_srid(t, n))
+    return order
+
+
+async def test_a_batch_takes_the_oldest_items_over_every_tenants_queue(redis: Redis) -> None:
+    queue = SharedQueue(redis)
+    order = await _enqueue_round_robin(queue, tenants=12, per_tenant=3)
+    first = await queue.claim_batch("pump", 12)
+    # One item of each tenant: the twelve oldest, in queue order.
+    assert [i.shared_run_id for i in first] == order[:12]
+    assert {i.tenant_id for i in first} == {f"tenant-{t}" for t in range(12)}
+    # A skipped tenant's items stay; the others' next-oldest come instead.
+    second = await queue.claim_batch("pump", 12, skip_tenants=frozenset({"tenant-0"}))
+    tenant_0 = {_srid(0, n) for n in range(3)}
+    assert [i.shared_run_id for i in second] == [s for s in order[12:] if s not in tenant_0][:12]
+    assert await queue.status(_srid(0, 1), "tenant-0") is QueueItemStatus.PENDING
+    # claim_next picks the oldest head over all tenants too.
+    nxt = await queue.claim_next("pump")
+    assert nxt is not None and nxt.shared_run_id == _srid(0, 1)
+
+
+async def test_a_tenant_with_a_long_backlog_gets_its_whole_share_of_the_oldest(
+    redis: Redis,
+) -> None:
+    # One tenant queued 60 runs first, then 20 tenants one each: the 64 oldest are the
+    # backlog's 60 and 4 of the others, though a first read sees a few per tenant only.
+    queue = SharedQueue(redis)
+    backlog = [f"sr-big-{n:03d}" for n in range(60)]
+    for srid in backlog:
+        await queue.enqueue(srid, "tenant-big")
+    others = [f"sr-small-{t:03d}" for t in range(20)]
+    for t, srid in enumerate(others):
+        await queue.enqueue(srid, f"tenant-{t}")
+    batch = await queue.claim_batch("pump", 64)
+    assert [c.shared_run_id for c in batch] == backlog + others[:4]
+
+
+async def test_many_pumps_over_many_tenants_claim_each_item_exactly_once_in_order(
+    valkey: Redis, valkey_url: str
+) -> None:
+    await valkey.flushall()
+    order = await _enqueue_round_robin(SharedQueue(valkey), TENANTS, PER_TENANT)
+    position = {srid: i for i, srid in enumerate(order)}
+    clients = [Redis.from_url(valkey_url) for _ in range(PUMPS)]
+    barrier = asyncio.Barrier(PUMPS)
+    batches: list[list[ClaimedItem]] = []
+
+    async def pump(i: int) -> None:
+        queue = SharedQueue(clients[i])
+        await barrier.wait()
+        while batch := await queue.claim_batch(f"pump-{i}", 16):
+            batches.append(batch)
+            await queue.settle_many([(c, QueueItemStatus.DISPATCHED, f"pump-{i}") for c in batch])
+
+    try:
+        await asyncio.gather(*(pump(i) for i in range(PUMPS)))
+    finally:
+        for client in clients:
+            await client.aclose()
+
+    claimed = Counter(c.shared_run_id for batch in batches for c in batch)
+    assert set(claimed) == set(order) and set(claimed.values()) == {1}
+    assert len({c.split("#")[0] for b in batches for c in (b[0].token,)}) > 1, "pumps shared"
+    for batch in batches:
+        ranks = [position[c.shared_run_id] for c in batch]
+        assert ranks == sorted(ranks), "a batch is claimed in queue order"
+        # Round-robin enqueue: 16 consecutive items span 16 tenants, so a batch that
+        # saw every tenant's head holds at most one item per tenant (give or take the
+        # items other pumps took meanwhile, which only shorten a tenant's run).
+        assert max(Counter(c.tenant_id for c in batch).values()) <= 2
+    queue = SharedQueue(valkey)
+    assert await queue.pending_count() == 0 and await queue.claimed_count() == 0
+    # Every tenant found empty was retired from the index.
+    assert await queue.claim_batch("pump-last", 16) == []
+    assert await QueueTenants(valkey, library()).listed() == []
+
+
+async def test_enqueues_racing_with_retiring_pumps_never_strand_an_item(
+    valkey: Redis, valkey_url: str
+) -> None:
+    """Enqueuers keep adding items to a few tenants while pumps drain them and retire
+    the tenants they find empty. If a retire could drop a tenant whose item had just
+    been queued, that item would stay Pending with nobody to see it."""
+    await valkey.flushall()
+    enqueuers, pumps, per_enqueuer, tenants = 6, 6, 60, 3
+    clients = [Redis.from_url(valkey_url) for _ in range(enqueuers + pumps)]
+    barrier = asyncio.Barrier(enqueuers + pumps)
+    done = asyncio.Event()
+    claimed: Counter[str] = Counter()
+    expected: set[str] = set()
+
+    async def enqueuer(i: int) -> None:
+        queue = SharedQueue(clients[i])
+        await barrier.wait()
+        for n in range(per_enqueuer):
+            srid = _srid(i, n)
+            expected.add(srid)
+            await queue.enqueue(srid, f"tenant-{n % tenants}")
+            await asyncio.sleep(0)  # let the pumps in between enqueues
+
+    async def pump(i: int) -> None:
+        queue = SharedQueue(clients[enqueuers + i])
+        await barrier.wait()
+        while True:
+            finished = done.is_set()  # read before the claim: an empty claim after it ends
+            batch = await queue.claim_batch(f"pump-{i}", 4)
+            claimed.update(c.shared_run_id for c in batch)
+            await queue.settle_many([(c, QueueItemStatus.DISPATCHED, "") for c in batch])
+            if not batch and finished:
+                return
+            await asyncio.sleep(0)
+
+    async def enqueue_all() -> None:
+        await asyncio.gather(*(enqueuer(i) for i in range(enqueuers)))
+        done.set()
+
+    try:
+        await asyncio.gather(enqueue_all(), *(pump(i) for i in range(pumps)))
+    finally:
+        for client in clients:
+            await client.aclose()
+    assert len(expected) == enqueuers * per_enqueuer
+    assert set(claimed) == expected and set(claimed.values()) == {1}
+
+
+async def test_a_retire_loses_to_an_announce_in_either_order(redis: Redis) -> None:
+    queue = SharedQueue(redis)
+    index = queue.tenants
+    await queue.enqueue("sr-a", "tenant-a")
+    item = await queue.claim_next("pump")
+    assert item is not None
+    await queue.settle(item, QueueItemStatus.DISPATCHED)
+    # A pump reads tenant-a's (empty) head; an enqueue lands before its retire.
+    [head] = await index.heads(4)
+    assert head.empty
+    await queue.enqueue("sr-b", "tenant-a")
+    assert await index.retire(head) is False
+    assert [t for t, _ in await index.listed()] == ["tenant-a"]
+    # The enqueue's item lands, the retire wins first, the announce puts it back.
+    got = await queue.claim_next("pump")
+    assert got is not None and got.shared_run_id == "sr-b"
+    await queue.settle(got, QueueItemStatus.DISPATCHED)
+    [head] = await index.heads(4)
+    await library().call(
+        redis,
+        "enqueueSharedRun",
+        [keys.squeue_pending("tenant-a"), keys.squeue_claimed("tenant-a")],
+        [keys.squeue_item_prefix("tenant-a"), "sr-c", "0", "tenant-a"],
+    )
+    assert await index.retire(head) is True
+    assert await queue.claim_next("pump") is None  # the item's announce is yet to come
+    await index.announce("tenant-a")
+    got = await queue.claim_next("pump")
+    assert got is not None and got.shared_run_id == "sr-c"
+
+
+class AnnounceProbe(Redis):
+    """A real client that, when a tenant is announced, reads the state of the item the
+    enqueue is about: the protocol needs it Pending already."""
+
+    item_key = ""
+    seen: list[bytes | None]
+
+    async def zincrby(self, name: Any, amount: float, value: Any) -> Any:
+        self.seen.append(await self.hget(self.item_key, "status"))
+        return await super().zincrby(name, amount, value)
+
+
+async def test_an_enqueue_announces_its_tenant_only_after_its_item_is_pending(
+    redis: Redis, redis_server: Any
+) -> None:
+    probe = AnnounceProbe.from_url(redis_server.url)
+    probe.item_key, probe.seen = keys.squeue_item("tenant-p", "sr-p"), []
+    try:
+        assert await SharedQueue(probe).enqueue("sr-p", "tenant-p")
+    finally:
+        await probe.aclose()
+    assert probe.seen == [b"Pending"]
+
+
+async def test_an_expired_claim_of_a_tenant_with_nothing_pending_is_recovered(
+    redis: Redis,
+) -> None:
+    dead = SharedQueue(redis, claim_lease_ms=1)
+    await dead.enqueue("sr-x", "tenant-x")
+    lost = await dead.claim_next("dead-pump")
+    assert lost is not None
+    # Wait for Redis time to pass the 1 ms lease (not an ordering sleep: a clock).
+    while True:
+        seconds, micros = await redis.time()
+        expiry = await redis.zscore(keys.squeue_claimed("tenant-x"), "sr-x")
+        assert expiry is not None
+        if int(seconds) * 1000 + int(micros) // 1000 > expiry:
+            break
+        await asyncio.sleep(0.001)
+    live = SharedQueue(redis)
+    again = await live.claim_next("live-pump")
+    assert again is not None and again.shared_run_id == "sr-x"
+    assert again.token != lost.token
+    assert await dead.settle(lost, QueueItemStatus.DISPATCHED) is False
+
+
+def _queued_run(tenant: str) -> SharedRun:
+    now = int(time.time() * 1000)
+    return SharedRun(
+        shared_run_id=SharedRunStore.new_id(),
+        status=SharedRunStatus.QUEUED_GLOBALLY,
+        pipeline_id=TINY_PIPELINE["id"],
+        pipeline=TINY_PIPELINE,
+        snapshot=snap(tenant),
+        created_at_ms=now,
+        updated_at_ms=now,
+    )
+
+
+async def test_a_submit_that_died_between_record_and_item_is_requeued(redis: Redis) -> None:
+    """The submit is two steps (record in the control slot, item in the tenant's): a
+    submitter dying after the first leaves a QueuedGlobally run the reconciler queues."""
+    cp = manual_cp(redis)
+    run = _queued_run("tenant-r")
+    await cp.runs.create_queued(run)
+    srid = run.shared_run_id
+    assert await cp.queue.status(srid, "tenant-r") is None
+    assert await cp.queue.claim_next("pump") is None
+    reconciler = Reconciler(cp.runs, cp.queue, cp.run_index, stale_after_ms=0)
+    assert await reconciler.reconcile_once() == 1
+    assert await cp.queue.status(srid, "tenant-r") is QueueItemStatus.PENDING
+    claimed = await cp.queue.claim_next("pump")
+    assert claimed is not None and claimed.shared_run_id == srid
+
+
+async def test_an_enqueue_that_died_before_its_announce_is_found_by_the_reconciler(
+    redis: Redis,
+) -> None:
+    cp = manual_cp(redis)
+    run = _queued_run("tenant-s")
+    await cp.runs.create_queued(run)
+    srid = run.shared_run_id
+    # The item's half of the enqueue only (the process died before the announce).
+    await library().call(
+        redis,
+        "enqueueSharedRun",
+        [keys.squeue_pending("tenant-s"), keys.squeue_claimed("tenant-s")],
+        [keys.squeue_item_prefix("tenant-s"), srid, "0", "tenant-s"],
+    )
+    assert await cp.queue.claim_next("pump") is None  # nobody sees it yet
+    reconciler = Reconciler(cp.runs, cp.queue, cp.run_index, stale_after_ms=0)
+    await reconciler.reconcile_once()
+    claimed = await cp.queue.claim_next("pump")
+    assert claimed is not None and claimed.shared_run_id == srid
+
+
+async def test_a_cancel_between_the_two_halves_of_a_submit_wins(redis: Redis) -> None:
+    cp = manual_cp(redis)
+    run = _queued_run("tenant-c")
+    await cp.runs.create_queued(run)
+    cancelled = await cp.cancel(run.shared_run_id, "tenant-c")
+    assert cancelled is not None and cancelled.status is SharedRunStatus.CANCELLED
+    await cp.queue.enqueue(run.shared_run_id, "tenant-c")  # the submit's second half
+    result = await cp.drain(5)
+    assert result.dispatched == 0
+    assert await cp.queue.status(run.shared_run_id, "tenant-c") is QueueItemStatus.CANCELLED
+    stored = await cp.runs.require(run.shared_run_id)
+    assert stored.status is SharedRunStatus.CANCELLED
