@@ -5,6 +5,8 @@ Run ``python -m benchmarks.dispatch [--json] [--runs N] [--sweep N ...] [--quick
 ``--redis-url`` a private embedded Valkey
 (:class:`airuntime.devstack.embedded.EmbeddedServer`) is started; the database is flushed
 before each scenario. The paced scenario alone lasts runs / rate = 5 s by default.
+``--cluster``: the backlog scenario on a 1-shard and a 3-shard Valkey Cluster with Redis
+CPU per shard (:mod:`benchmarks.dispatch_cluster`).
 
 Peer, ratios and checks
 -----------------------
@@ -95,6 +97,15 @@ PIPELINE: dict[str, Any] = {"id": "tiny", "steps": [{"id": "a", "uses": "noop"}]
 INSTANCES = 3
 SLOTS = 64
 SNAPSHOT = ExecutionContextSnapshot(tenant_id="default", user_id="bench")
+
+
+def _snapshots(tenants: int) -> list[ExecutionContextSnapshot]:
+    """The tenants runs are submitted for, in turn (``default`` alone by default)."""
+    if tenants == 1:
+        return [SNAPSHOT]
+    return [SNAPSHOT.model_copy(update={"tenant_id": f"tenant-{i}"}) for i in range(tenants)]
+
+
 SCENARIOS = ("backlog", "streaming", "paced")
 _DISPATCHED_OR_ENDED = frozenset(
     {SharedRunStatus.DISPATCHED, SharedRunStatus.SUCCEEDED, SharedRunStatus.FAILED}
@@ -150,13 +161,14 @@ async def _clock_offset_ms(redis: Redis) -> float:
     return round((sec + usec / 1e6 - (before + after) / 2) * 1000, 2)
 
 
-async def _submit_all(cp: ControlPlane, runs: int, concurrency: int) -> list[str]:
+async def _submit_all(cp: ControlPlane, runs: int, concurrency: int, tenants: int = 1) -> list[str]:
     ids: list[str] = []
     remaining = iter(range(runs))
+    snapshots = _snapshots(tenants)
 
     async def submitter() -> None:
-        for _ in remaining:
-            ids.append((await cp.submit(PIPELINE, SNAPSHOT)).shared_run_id)
+        for i in remaining:
+            ids.append((await cp.submit(PIPELINE, snapshots[i % tenants])).shared_run_id)
 
     await asyncio.gather(*(submitter() for _ in range(concurrency)))
     return ids
@@ -173,15 +185,18 @@ async def _submit_paced(cp: ControlPlane, runs: int, rate: float) -> list[str]:
     return ids
 
 
-async def _wait_done(redis: Redis, cp: ControlPlane, runs: int, timeout_s: float) -> None:
+async def _wait_done(
+    redis: Redis, cp: ControlPlane, runs: int, timeout_s: float, tenants: int = 1
+) -> None:
     deadline = time.monotonic() + timeout_s
+    indexes = [keys.runs_by_tenant(s.tenant_id) for s in _snapshots(tenants)]
     while time.monotonic() < deadline:
         if (
             await cp.queue.pending_count() == 0
             and await cp.queue.claimed_count() == 0
             and await redis.zcard(keys.runs_in_state("queued")) == 0
             and await redis.zcard(keys.runs_in_state("running")) == 0
-            and await redis.zcard(keys.runs_by_tenant("default")) == runs
+            and sum([await redis.zcard(index) for index in indexes]) == runs
         ):
             return
         await asyncio.sleep(0.05)
@@ -226,6 +241,7 @@ class _Load:
     runs: int
     submitters: int
     rate: float
+    tenants: int = 1
 
 
 @dataclass
@@ -245,7 +261,7 @@ async def _drive(
         feeder = ControlPlane(
             redis, ControlPlaneSettings(background_pump=False, control_plane_id="feeder")
         )
-        ids = await _submit_all(feeder, args.runs, args.submitters)
+        ids = await _submit_all(feeder, args.runs, args.submitters, args.tenants)
         await host.start()
         for inst in host.instances:
             cp.local.add(inst)
@@ -263,7 +279,7 @@ async def _drive(
     if scenario == "paced":
         ids = await _submit_paced(cp, args.runs, args.rate)
     else:
-        ids = await _submit_all(cp, args.runs, args.submitters)
+        ids = await _submit_all(cp, args.runs, args.submitters, args.tenants)
     return _Driven(ids, 0.0, submit_rate=round(args.runs / (time.perf_counter() - t0), 1))
 
 
@@ -306,7 +322,9 @@ def _result(
     )
 
 
-async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate: float) -> Result:
+async def run_scenario(
+    url: str, scenario: str, runs: int, submitters: int, rate: float, *, tenants: int = 1
+) -> Result:
     # Three instances and a control plane share this client; deployed, each is its own
     # process with its own pool of 100 connections, so the pool here is that large.
     redis = connect(url, max_connections=100 * (INSTANCES + 1))
@@ -314,8 +332,8 @@ async def run_scenario(url: str, scenario: str, runs: int, submitters: int, rate
     host, cp = _stack(redis, runs)
     offset = await _clock_offset_ms(redis)
     try:
-        driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate))
-        await _wait_done(redis, cp, runs, timeout_s=120)
+        driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate, tenants))
+        await _wait_done(redis, cp, runs, timeout_s=120, tenants=tenants)
         rows = await _collect(redis, cp, driven.ids)
     finally:
         with contextlib.suppress(Exception):
@@ -437,6 +455,11 @@ def _print(report: Report) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--cluster" in argv:  # 1 vs 3 shards, Redis CPU per shard
+        from benchmarks import dispatch_cluster
+
+        return dispatch_cluster.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.redis_url and not args.flush:

@@ -11,7 +11,7 @@ over.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 from redis.exceptions import WatchError
@@ -78,7 +78,9 @@ async def update_records(
         async with redis.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(*keys)
-                raws = await pipe.mget(keys)
+                # MGET as a raw command: a cluster client's pipeline blocks its mget()
+                # (it cannot know the keys share a slot; they do: one transaction).
+                raws = cast(list[Any], await pipe.execute_command("MGET", *keys))
                 out: list[tuple[M, M] | None] = []
                 for i, raw in enumerate(raws):
                     before = model.model_validate_json(raw) if raw is not None else None

@@ -94,5 +94,8 @@ def ensure_transaction_slot(what: str, pipe: Any, *watched: str | bytes) -> None
     ``watched`` keys must be in one hash slot."""
     if not slot_check_enabled():
         return
-    queued = [k for args, _ in pipe.command_stack for k in _command_keys(args)]
+    stack = getattr(pipe, "command_stack", None)
+    if stack is None:  # a cluster client's pipeline: the cluster itself refuses CROSSSLOT
+        return
+    queued = [k for args, _ in stack for k in _command_keys(args)]
     ensure_single_slot(f"transaction {what!r}", [*watched, *queued])

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Self
 
 import redis
+from redis.crc import key_slot
 
 from airuntime.devstack.child_process import LOOPBACK
 from airuntime.devstack.embedded import EmbeddedServer, EmbeddedServerError, default_executable
@@ -52,6 +53,8 @@ class ClusterNode:
     port: int
     master: bool
     failed: bool
+    master_id: str | None = None
+    """A replica's master (``CLUSTER NODES``' fourth field); None for a master."""
 
 
 @dataclass
@@ -231,6 +234,29 @@ class LocalCluster:
                         return int(nodes[0][1])
         raise EmbeddedServerError(f"no node serves slot {slot}")
 
+    def master_of(self, key: str | bytes) -> int:
+        """Port of the master serving ``key``'s hash slot."""
+        raw = key if isinstance(key, bytes) else key.encode()
+        return self._owner(key_slot(raw))
+
+    def failover(self, master_port: int, timeout: float = 30.0) -> int:
+        """A planned failover (``CLUSTER FAILOVER`` on a replica of the master on
+        ``master_port``): the replica catches up with its master, then takes its slots,
+        so nothing acknowledged is lost -- what an operator does before maintenance.
+        Returns the new master's port once the cluster is healthy again."""
+        nodes = self.nodes()
+        master = next(n for n in nodes if n.port == master_port and n.master)
+        replica = next(n for n in nodes if n.master_id == master.node_id and not n.failed)
+        with self._client(replica.port) as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + timeout
+        while not any(n.port == replica.port and n.master for n in self.nodes()):
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(f"replica {replica.port} did not take over")
+            time.sleep(0.02)
+        self.wait_healthy(max(deadline - time.monotonic(), 1.0))
+        return replica.port
+
     def stop_node(self, port: int) -> None:
         """Stop the node on ``port`` gracefully (SHUTDOWN; its replica takes over after
         ``node_timeout_ms`` like after :meth:`kill`)."""
@@ -313,4 +339,5 @@ def _parse_node(line: str) -> ClusterNode:
         port=int(address.rsplit(":", 1)[1]),
         master="master" in flags,
         failed="fail" in flags or "fail?" in flags,
+        master_id=None if parts[3] == "-" else parts[3],
     )
