@@ -17,16 +17,25 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
-from redis.asyncio.cluster import ClusterNode, ClusterPipeline
+from redis.asyncio.cluster import (
+    AbstractStrategy,
+    ClusterNode,
+    ClusterPipeline,
+    TransactionStrategy,
+)
 from redis.asyncio.connection import Connection, SSLConnection
+from redis.crc import key_slot
+from redis.exceptions import CrossSlotTransactionError, RedisClusterException
 
 from airuntime.core.resp_packing import hiredis_connection_class, use_hiredis_packing
+from airuntime.core.slots import command_keys
 
 __all__ = [
     "CLUSTER_ENV",
@@ -80,8 +89,56 @@ def _is_torn(exc: AttributeError) -> bool:
     return "'NoneType' object has no attribute" in str(exc)
 
 
+class _TransactionStrategy(TransactionStrategy):
+    """redis-py's cluster transaction strategy queues each command through a thread
+    running an event loop of its own (``execute_command`` must stay synchronous while
+    its slot lookup is async): a thread per queued command, and on a client that has
+    not learnt the slot map yet, connections made in that thread's loop and then used
+    in the caller's ("Event loop is closed", "attached to a different loop"). The keys
+    of a transaction's commands are in the commands (:func:`command_keys`), so the slot
+    is computed where the command is queued, and the slot map is learnt, if need be,
+    before the first round trip (WATCH, or the MULTI/EXEC at ``execute``)."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        name = str(args[0]).upper()
+        slots = {key_slot(_raw(k)) for k in command_keys(args)}
+        if len(slots) > 1:
+            raise CrossSlotTransactionError(f"{name} names keys of {len(slots)} hash slots")
+        if (self._watching or name in self.IMMEDIATE_EXECUTE_COMMANDS) and not (
+            self._explicit_transaction
+        ):
+            if name == "WATCH":
+                self._validate_watch()  # type: ignore[no-untyped-call]
+            if slots and self._pipeline_slots and not slots <= self._pipeline_slots:
+                raise CrossSlotTransactionError("Cannot watch or send commands on different slots")
+            if not slots and name not in self.NO_SLOTS_COMMANDS:
+                raise RedisClusterException(f"no key to route {name} in a transaction")
+            self._pipeline_slots |= slots
+            pending = self._immediate_execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            return self._learnt_then(pending)
+        self._pipeline_slots |= slots
+        return AbstractStrategy.execute_command(self, *args, **kwargs)
+
+    async def _learnt_then(self, command: Awaitable[Any]) -> Any:
+        client = self._pipe.cluster_client
+        if client._initialize:
+            await client.initialize()
+        return await command
+
+
+def _raw(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else key.encode()
+
+
 class _CountingClusterPipeline(ClusterPipeline):
+    def __init__(self, client: RedisCluster, transaction: bool | None = None) -> None:
+        super().__init__(client, transaction)
+        if transaction:
+            self._execution_strategy = _TransactionStrategy(self)
+
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        if self.cluster_client._initialize:
+            await self.cluster_client.initialize()
         try:
             return await super().execute(raise_on_error, allow_redirections)
         except AttributeError as exc:

@@ -78,7 +78,7 @@ def check_script(name: str, keys: Sequence[str | bytes]) -> None:
 _ALL_ARGS_ARE_KEYS: Final = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
 
 
-def _command_keys(args: Sequence[Any]) -> list[str | bytes]:
+def command_keys(args: Sequence[Any]) -> list[str | bytes]:
     """The keys of one queued command (what the transaction sites use: the first
     argument, or every argument of the multi-key commands)."""
     name = str(args[0]).upper()
@@ -97,5 +97,5 @@ def ensure_transaction_slot(what: str, pipe: Any, *watched: str | bytes) -> None
     stack = getattr(pipe, "command_stack", None)
     if stack is None:  # a cluster client's pipeline: the cluster itself refuses CROSSSLOT
         return
-    queued = [k for args, _ in stack for k in _command_keys(args)]
+    queued = [k for args, _ in stack for k in command_keys(args)]
     ensure_single_slot(f"transaction {what!r}", [*watched, *queued])

@@ -1,10 +1,12 @@
 """A whole airuntime system as real processes, with the faults the chaos test injects.
 
 Why this module exists: the chaos test and ``benchmarks/recovery.py`` need the same
-thing -- a Valkey with an append-only file on a fixed port, ``airt control-plane``
-(background pump on) on a fixed port, and ``airt runtime`` processes with the ``http``
-provider and a runtime token -- plus ways to break each of them: ``kill -9`` and
-restart, ``SIGSTOP``/``SIGCONT``, a Valkey stopped and started on the same address.
+thing -- a Valkey with an append-only file on a fixed port (or, with
+``ClusterConfig(valkey_cluster=True)``, a 3-master + 3-replica Valkey Cluster reached by
+a ``redis+cluster://`` URL), ``airt control-plane`` (background pump on) on a fixed
+port, and ``airt runtime`` processes with the ``http`` provider and a runtime token --
+plus ways to break each of them: ``kill -9`` and restart, ``SIGSTOP``/``SIGCONT``, a
+Valkey stopped and started on the same address, a cluster master failing over.
 
 Submissions go through the control plane's HTTP API. A submission and a fault never
 overlap (:attr:`Cluster.quiet`): a POST cut by a kill might or might not have created its
@@ -25,11 +27,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient, connect
 from airuntime.devstack.child_process import free_port
+from airuntime.devstack.cluster import LocalCluster
 from tests.chaos import effects
 from tests.runtime.restartable import RestartableValkey
 from tests.runtime.support import AIRT, subprocess_env
@@ -52,6 +55,8 @@ class ClusterConfig:
     """The registry entry expires after three heartbeats without one (1.5 s)."""
     lease_ms: int = 2000
     delivery_timeout_s: float = 2.0
+    valkey_cluster: bool = False
+    """A Valkey Cluster (3 masters, 3 replicas) instead of one Valkey."""
 
     @property
     def heartbeat_ttl_s(self) -> float:
@@ -101,24 +106,55 @@ def pipeline(db: str, sleeps: tuple[float, float, float] = (0.02, 0.15, 0.3)) ->
     }
 
 
+class ChaosValkeyCluster:
+    """The store of a chaos run on a Valkey Cluster: what :class:`Cluster` needs of its
+    Valkey (``url``, ``start``, ``kill``) plus a failover fault. The failover is planned
+    (``CLUSTER FAILOVER``: the replica catches up, then takes the master's slots), so
+    nothing acknowledged is lost and the test can still require every submitted run;
+    an unplanned one (a master killed) may lose the last writes before it, which the
+    engine's own failover test covers."""
+
+    def __init__(self) -> None:
+        self.local = LocalCluster(shards=3, replicas=1)
+
+    @property
+    def url(self) -> str:
+        return self.local.url
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.local.start)
+
+    def kill(self) -> None:
+        self.local.stop()
+
+    async def fail_over(self, rng: Any) -> str:
+        master = rng.choice(sorted(await asyncio.to_thread(self.local.masters)))
+        new = await asyncio.to_thread(self.local.failover, master)
+        return f"cluster master {master} failed over to its replica {new}"
+
+
 @dataclass
 class Cluster:
     """Valkey + control plane + runtimes under ``root`` (logs in ``root/logs``)."""
 
     root: Path
     config: ClusterConfig = field(default_factory=ClusterConfig)
-    valkey: RestartableValkey = field(init=False)
+    valkey: RestartableValkey | ChaosValkeyCluster = field(init=False)
     api_port: int = field(init=False, default_factory=free_port)
     control_plane: Proc | None = field(init=False, default=None)
     runtimes: dict[str, Proc] = field(init=False, default_factory=dict)
     quiet: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
     _next_runtime: int = field(init=False, default=0)
+    redis: RedisClient = field(init=False)
 
     def __post_init__(self) -> None:
-        self.valkey = RestartableValkey(self.root / "valkey")
+        self.valkey = (
+            ChaosValkeyCluster()
+            if self.config.valkey_cluster
+            else RestartableValkey(self.root / "valkey")
+        )
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.db = str(self.root / "effects.db")
-        self.redis = Redis.from_url(self.valkey.url)
         self.api = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{self.api_port}",
             headers={"authorization": f"Bearer {API_TOKEN}"},
@@ -131,6 +167,7 @@ class Cluster:
         effects.create(self.db)
         self._write_config()
         await self.valkey.start()
+        self.redis = connect(self.valkey.url)
         await self.start_control_plane()
         for _ in range(self.config.runtimes):
             await self.start_runtime()
@@ -259,6 +296,7 @@ class Cluster:
     # -- Valkey ------------------------------------------------------------------------
 
     def stop_valkey(self, *, kill: bool) -> None:
+        assert isinstance(self.valkey, RestartableValkey)
         if kill:
             self.valkey.kill()
         else:
@@ -266,6 +304,12 @@ class Cluster:
 
     async def start_valkey(self) -> None:
         await self.valkey.start()
+
+    async def fail_over(self, rng: Any) -> str:
+        """A planned failover of a random master of the cluster (see
+        :class:`ChaosValkeyCluster`); what happened, for the log."""
+        assert isinstance(self.valkey, ChaosValkeyCluster)
+        return await self.valkey.fail_over(rng)
 
     # -- submissions -------------------------------------------------------------------
 

@@ -9,6 +9,9 @@ seed; it is printed) hit the system: ``kill -9`` of a runtime and a new one star
 the same prefix, a runtime frozen with SIGSTOP beyond its heartbeat TTL then SIGCONT,
 ``kill -9`` of the control plane and a restart, Valkey stopped (SIGTERM or SIGKILL) and
 started again on the same port from its append-only file. Nothing else is done by hand.
+The ``valkey-cluster`` variant runs the same on a 3-master + 3-replica Valkey Cluster
+(every process given a ``redis+cluster://`` URL), where a master failing over to its
+replica (planned: nothing acknowledged is lost) replaces the Valkey restart.
 
 What must hold: every submitted shared run exists and ends Succeeded within
 ``RECOVERY_BOUND_S`` of the last fault; every run has one execution, whose ledger holds
@@ -32,7 +35,7 @@ import pytest
 
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
 from airuntime.engine.execution_store import ExecutionStore
-from tests.chaos.cluster import STEPS, Cluster, pipeline, retrying, until
+from tests.chaos.cluster import STEPS, Cluster, ClusterConfig, pipeline, retrying, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -81,12 +84,24 @@ async def restart_valkey(cluster: Cluster, rng: random.Random) -> str:
     return f"Valkey {'SIGKILL' if kill else 'SIGTERM'}, down {down_s:.1f} s"
 
 
+async def fail_over_a_master(cluster: Cluster, rng: random.Random) -> str:
+    async with cluster.quiet:
+        return await cluster.fail_over(rng)
+
+
 FAULTS: tuple[Fault, ...] = (kill_runtime, freeze_runtime, kill_control_plane, restart_valkey)
+CLUSTER_FAULTS: tuple[Fault, ...] = (
+    kill_runtime,
+    freeze_runtime,
+    kill_control_plane,
+    fail_over_a_master,
+)
+"""On a Valkey Cluster a master fails over instead of the one Valkey restarting."""
 
 
-def schedule(rng: random.Random) -> list[Fault]:
+def schedule(rng: random.Random, faults: tuple[Fault, ...] = FAULTS) -> list[Fault]:
     """Every fault once, two more drawn at random, in a random order."""
-    plan = [*FAULTS, *rng.choices(FAULTS, k=2)]
+    plan = [*faults, *rng.choices(faults, k=2)]
     rng.shuffle(plan)
     return plan
 
@@ -103,7 +118,8 @@ async def submit_all(cluster: Cluster, ids: dict[int, str], started: asyncio.Eve
 async def inject(cluster: Cluster, rng: random.Random, started: asyncio.Event) -> None:
     await started.wait()
     t0 = time.monotonic()
-    for fault in schedule(rng):
+    faults = CLUSTER_FAULTS if cluster.config.valkey_cluster else FAULTS
+    for fault in schedule(rng, faults):
         await asyncio.sleep(rng.uniform(1.0, 3.0))
         what = await fault(cluster, rng)
         print(f"chaos: t={time.monotonic() - t0:5.1f} s  {what}")
@@ -113,11 +129,14 @@ async def shared_runs(cluster: Cluster, ids: list[str]) -> list[SharedRun] | Non
     return await retrying(lambda: SharedRunStore(cluster.redis).get_many(ids))
 
 
-async def test_every_run_ends_once_with_one_effect_per_step_under_faults(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["valkey", "valkey-cluster"], ids=["valkey", "valkey-cluster"])
+async def test_every_run_ends_once_with_one_effect_per_step_under_faults(
+    tmp_path: Path, store: str
+) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(2**32))
-    print(f"\nchaos: seed {seed} (CHAOS_SEED={seed} repeats this schedule)")
+    print(f"\nchaos: seed {seed} (CHAOS_SEED={seed} repeats this schedule) on {store}")
     rng = random.Random(seed)
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path, ClusterConfig(valkey_cluster=store == "valkey-cluster"))
     await cluster.start()
     try:
         ids: dict[int, str] = {}

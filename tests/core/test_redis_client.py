@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import CrossSlotTransactionError
 
 from airuntime.core.redis_client import (
     CountingRedis,
@@ -65,4 +66,31 @@ async def test_a_clone_reaches_the_same_cluster_with_its_own_options(
         await plain.aclose()
     finally:
         await client.delete("cloned")
+        await client.aclose()
+
+
+async def test_a_fresh_cluster_clients_first_command_may_be_a_transaction(
+    valkey_cluster: LocalCluster,
+) -> None:
+    """A control plane publishing its tenants at start opens with WATCH/MULTI/EXEC;
+    redis-py would queue those commands through a thread with its own event loop."""
+    client = connect(valkey_cluster.url)
+    try:
+        async with client.pipeline(transaction=True) as pipe:
+            await pipe.watch("air:{tx}:a")
+            assert await pipe.get("air:{tx}:a") is None  # immediate, after WATCH
+            pipe.multi()  # type: ignore[no-untyped-call]
+            pipe.set("air:{tx}:a", "1").incr("air:{tx}:b")
+            assert await pipe.execute() == [True, 1]
+        fresh = connect(valkey_cluster.url)
+        pipe = fresh.pipeline(transaction=True)
+        pipe.hset("air:{tx}:h", "f", "v").expire("air:{tx}:h", 60)
+        assert await pipe.execute() == [1, True]
+        await fresh.aclose()
+        cross = client.pipeline(transaction=True)
+        with pytest.raises(CrossSlotTransactionError):
+            cross.execute_command("MGET", "air:{tx}:a", "air:{other}:a")
+        assert await client.mget("air:{tx}:a", "air:{tx}:b") == [b"1", b"1"]
+    finally:
+        await client.delete("air:{tx}:a", "air:{tx}:b", "air:{tx}:h")
         await client.aclose()
