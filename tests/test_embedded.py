@@ -406,6 +406,9 @@ CHILD_SCRIPT = textwrap.dedent(
     from airuntime.devstack.embedded import EmbeddedServer, redis_for_process
 
     mode = sys.argv[1]
+    # As a program started from a terminal: Ctrl-C raises KeyboardInterrupt even when
+    # the suite runs as a background job, whose children inherit SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def report(server):
         print(server.pid, server.runtime_dir, flush=True)
