@@ -31,11 +31,8 @@ from typing import Any
 
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 @dataclass(frozen=True, slots=True)

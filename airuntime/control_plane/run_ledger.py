@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from airuntime.core.execution_layout import execution_keys_for
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.history.listing import MAX_PAGE
 from airuntime.history.store import HistoryStore
 
@@ -83,10 +84,6 @@ def decode_cursor(execution_id: str, cursor: str) -> tuple[int, str]:
 def _is_stream_id(value: str) -> bool:
     ms, sep, n = value.partition("-")
     return bool(sep) and ms.isdigit() and n.isdigit()
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class LedgerReader:

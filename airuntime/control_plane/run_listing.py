@@ -24,6 +24,7 @@ from airuntime.control_plane.run_ledger import BadCursor
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.history.store import HistoryStore
 
 __all__ = ["RunFilter", "RunListing", "RunsPage"]
@@ -84,10 +85,6 @@ def _decode(cursor: str, query: RunFilter) -> Position:
 
 def _before(run: SharedRun, after: Position | None) -> bool:
     return after is None or (run.created_at_ms, run.shared_run_id) < after
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class RunListing:

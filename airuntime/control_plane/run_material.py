@@ -25,16 +25,13 @@ from typing import Any
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core.execution_layout import execution_keys_for
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.slots import ensure_transaction_slot
 from airuntime.fleet.run_index import RunIndex
 from airuntime.history.records import ArchivedExecution
 from airuntime.history.store import HistoryStore
 
 __all__ = ["ExecutionMaterial", "MaterialLoader", "RunMaterial", "Source"]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _hash(raw: Any) -> dict[str, str]:

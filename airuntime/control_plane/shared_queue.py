@@ -31,6 +31,7 @@ from typing import Any, Final
 from airuntime.control_plane.queue_tenants import QueueTenants, TenantHead
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary, library
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,6 @@ QUEUE_ITEM_TRANSITIONS: Final[Mapping[QueueItemStatus, frozenset[QueueItemStatus
 }
 """Which status an item may move to from each status (``settleSharedRun`` accepts the
 outcomes of the Claimed row)."""
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 @dataclass(frozen=True, slots=True)

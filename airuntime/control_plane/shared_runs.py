@@ -38,6 +38,7 @@ from airuntime.control_plane.json_records import update_record, update_records
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import library
 from airuntime.core.slots import ensure_transaction_slot
 
@@ -152,10 +153,6 @@ class Transition:
 
 def _now() -> int:
     return int(time.time() * 1000)
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _moved(

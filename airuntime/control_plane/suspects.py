@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.slots import ensure_transaction_slot
 
@@ -58,10 +59,6 @@ class SuspectMark(BaseModel):
     since_ms: int
     remaining_ms: int
     """How much longer admission skips it."""
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class SuspectMarks:

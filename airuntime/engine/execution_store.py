@@ -20,15 +20,12 @@ from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, ScriptError, error_for
 from airuntime.core.execution_layout import buckets_for, check_layout
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
 
 DEFAULT_RETENTION_S = 7 * 24 * 3600
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _i(value: Any) -> int:

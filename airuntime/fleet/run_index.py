@@ -41,6 +41,7 @@ from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import AirError, ScriptError
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
@@ -56,10 +57,6 @@ DEFAULT_RUN_RETENTION_S = 7 * 24 * 3600
 """How long a finished run's record stays readable (seconds): 7 days, as executions."""
 
 _MAX_REASON = 2000
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class QueueFull(AirError):

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from airuntime.core import keys
 from airuntime.core.execution_layout import buckets_for, execution_keys_for
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
 from airuntime.history.errors import HistoryError, HistoryUnavailable
@@ -55,10 +56,6 @@ UNOWNED_TENANT = "default"
 """Tenant of an execution created without a context (``airt run``)."""
 
 _TERMINAL_RUN = {"completed", "failed", "cancelled"}
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _opt_int(value: str | None) -> int | None:

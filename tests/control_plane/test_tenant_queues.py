@@ -23,7 +23,7 @@ from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus, S
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
 from airuntime.core import keys
 from airuntime.core.scripts import library
-from tests.control_plane.support import TINY_PIPELINE, manual_cp, snap
+from tests.control_plane.support import TINY_PIPELINE, manual_cp, snap, wait_for
 
 TENANTS = 40
 PER_TENANT = 25
@@ -227,14 +227,14 @@ async def test_an_expired_claim_of_a_tenant_with_nothing_pending_is_recovered(
     await dead.enqueue("sr-x", "tenant-x")
     lost = await dead.claim_next("dead-pump")
     assert lost is not None
-    # Wait for Redis time to pass the 1 ms lease (not an ordering sleep: a clock).
-    while True:
+    expiry = await redis.zscore(keys.squeue_claimed("tenant-x"), "sr-x")
+    assert expiry is not None
+
+    async def lease_expired() -> bool:  # Redis time past the 1 ms lease: a clock, not order
         seconds, micros = await redis.time()
-        expiry = await redis.zscore(keys.squeue_claimed("tenant-x"), "sr-x")
-        assert expiry is not None
-        if int(seconds) * 1000 + int(micros) // 1000 > expiry:
-            break
-        await asyncio.sleep(0.001)
+        return int(seconds) * 1000 + int(micros) // 1000 > expiry
+
+    await wait_for(lease_expired, timeout_s=5, interval_s=0.001, what="the claim lease to pass")
     live = SharedQueue(redis)
     again = await live.claim_next("live-pump")
     assert again is not None and again.shared_run_id == "sr-x"
