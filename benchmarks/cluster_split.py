@@ -77,7 +77,8 @@ class ShardRow:
         }
 
 
-def _cpu(port: int) -> float:
+def primary_cpu_s(port: int) -> float:
+    """Redis CPU seconds (user + sys, ``INFO cpu``) the node on ``port`` has used."""
     with redis.Redis(host="127.0.0.1", port=port) as client:
         info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -116,14 +117,14 @@ def run_shards(shards: int, shape: str, executions: int) -> ShardRow:
     with LocalCluster(shards=shards, replicas=0) as cluster:
         eids = asyncio.run(_create(cluster.url, shape, executions))
         masters = cluster.masters()
-        before = {p: _cpu(p) for p in masters}
+        before = {p: primary_cpu_s(p) for p in masters}
         cmd = [sys.executable, "-m", "benchmarks.cluster_split", "worker", cluster.url, *eids]
         procs = [
             subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             for _ in range(WORKER_PROCESSES)
         ]
         outs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
-        after = {p: _cpu(p) for p in masters}
+        after = {p: primary_cpu_s(p) for p in masters}
         seconds, statuses = asyncio.run(_window(cluster.url, eids))
     if any(p.returncode for p in procs) or set(statuses) != {"Succeeded"}:
         raise RuntimeError(f"{shards} shard(s): workers {[p.returncode for p in procs]}, "

@@ -32,7 +32,7 @@ from typing import Any
 
 from airuntime.devstack.cluster import LocalCluster
 from benchmarks import dispatch
-from benchmarks.cluster_split import _cpu
+from benchmarks.cluster_split import primary_cpu_s
 
 
 @dataclass
@@ -61,11 +61,11 @@ class ShardDispatch:
 def run_shards(shards: int, runs: int, tenants: int) -> ShardDispatch:
     with LocalCluster(shards=shards, replicas=0) as cluster:
         masters = cluster.masters()
-        before = {p: _cpu(p) for p in masters}
+        before = {p: primary_cpu_s(p) for p in masters}
         result = asyncio.run(
             dispatch.run_scenario(cluster.url, "backlog", runs, 4, 200.0, tenants=tenants)
         )
-        after = {p: _cpu(p) for p in masters}
+        after = {p: primary_cpu_s(p) for p in masters}
     return ShardDispatch(
         shards,
         runs,

@@ -31,11 +31,10 @@ from redis.asyncio.cluster import (
     TransactionStrategy,
 )
 from redis.asyncio.connection import Connection, SSLConnection
-from redis.crc import key_slot
 from redis.exceptions import CrossSlotTransactionError, RedisClusterException
 
 from airuntime.core.resp_packing import hiredis_connection_class, use_hiredis_packing
-from airuntime.core.slots import command_keys
+from airuntime.core.slots import command_keys, slots_of
 
 __all__ = [
     "CLUSTER_ENV",
@@ -101,7 +100,7 @@ class _TransactionStrategy(TransactionStrategy):
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         name = str(args[0]).upper()
-        slots = {key_slot(_raw(k)) for k in command_keys(args)}
+        slots = set(slots_of(command_keys(args)))
         if len(slots) > 1:
             raise CrossSlotTransactionError(f"{name} names keys of {len(slots)} hash slots")
         if (self._watching or name in self.IMMEDIATE_EXECUTE_COMMANDS) and not (
@@ -124,10 +123,6 @@ class _TransactionStrategy(TransactionStrategy):
         if client._initialize:
             await client.initialize()
         return await command
-
-
-def _raw(key: str | bytes) -> bytes:
-    return key if isinstance(key, bytes) else key.encode()
 
 
 class _CountingClusterPipeline(ClusterPipeline):
