@@ -15,6 +15,7 @@ from __future__ import annotations
 from airuntime.core import keys
 from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import RedisClient, is_cluster
+from airuntime.core.reply_text import reply_text
 
 __all__ = ["LayoutMismatch", "buckets_for", "check_layout", "execution_keys_for"]
 
@@ -40,7 +41,7 @@ async def check_layout(client: RedisClient) -> int:
     key = keys.execution_layout()
     await client.set(key, str(buckets), nx=True)
     raw = await client.get(key)
-    found = raw.decode() if isinstance(raw, bytes) else str(raw)
+    found = reply_text(raw)
     if found != str(buckets):
         raise LayoutMismatch(
             f"{key} says the executions here were written with {found} bucket(s), this "
