@@ -79,16 +79,25 @@ FOUR_WORKERS = InstanceConfig(
 
 
 async def _capacity_when(
-    registry: Registry, instance_id: str, active_workers: int
+    registry: Registry, instance_id: str, active_workers: int, running_runs: int
 ) -> CapacityDescriptor:
-    """The instance's published capacity, once it shows ``active_workers`` busy workers."""
+    """The instance's published capacity, once it shows ``active_workers`` busy workers
+    and ``running_runs`` running runs. The descriptor is published on a change, so one
+    written between a run taking its workers and the run being marked running shows
+    the first and not yet the second; the next one shows both."""
 
     async def probe() -> CapacityDescriptor | None:
         d = await registry.get(instance_id)
-        ok = d is not None and d.capacity.active_worker_count == active_workers
+        ok = (
+            d is not None
+            and d.capacity.active_worker_count == active_workers
+            and d.capacity.running_run_count == running_runs
+        )
         return d.capacity if ok and d is not None else None
 
-    return await wait_for(probe, timeout_s=10, what=f"{active_workers} active workers")
+    return await wait_for(
+        probe, timeout_s=10, what=f"{active_workers} active workers, {running_runs} runs"
+    )
 
 
 async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
@@ -104,14 +113,15 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
     host = RuntimeHost(redis, FOUR_WORKERS, instances=1, handlers=handlers)
     cp = manual_cp(redis, handlers=handlers, scale_out_enabled=False)
 
-    async def capacity_when(active_workers: int) -> CapacityDescriptor:
-        return await _capacity_when(Registry(redis), host.instances[0].instance_id, active_workers)
+    async def capacity_when(active_workers: int, running_runs: int) -> CapacityDescriptor:
+        iid = host.instances[0].instance_id
+        return await _capacity_when(Registry(redis), iid, active_workers, running_runs)
 
     # The default tenant may use the test's handler (tenants get the built-ins only).
     allowed = (*DEFAULT_ALLOWED_HANDLERS, "latch")
     await Registry(redis).put_tenant(TenantSettings(tenant_id="default", allowed_handlers=allowed))
     async with serving(cp, host):
-        idle = await capacity_when(0)
+        idle = await capacity_when(0, 0)
         assert (idle.worker_count, idle.available_worker_count) == (4, 4)
         assert idle.max_local_workers_per_execution == 3 and idle.can_accept_run
 
@@ -119,7 +129,7 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
         run1 = await cp.submit(BLOCKING, snap())
         assert (await cp.drain(1)).dispatched == 1
         await latch.until_running(3)
-        one = await capacity_when(3)
+        one = await capacity_when(3, 1)
         assert (one.active_worker_count, one.available_worker_count) == (3, 1)
         assert one.running_run_count == 1 and one.can_accept_run
 
@@ -127,7 +137,7 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
         run2 = await cp.submit(BLOCKING, snap())
         assert (await cp.drain(1)).dispatched == 1
         await latch.until_running(4)
-        full = await capacity_when(4)
+        full = await capacity_when(4, 2)
         assert (full.active_worker_count, full.available_worker_count) == (4, 0)
         assert full.running_run_count == 2 and full.available_run_slots == 3
         assert not full.can_accept_run  # run slots free, workers saturated
@@ -151,7 +161,7 @@ async def test_worker_capacity_is_visible_and_saturated_workers_stop_admission(
         bodies = await drain_until_finished(
             cp, {r.shared_run_id: "default" for r in (run1, run2, run3)}
         )
-        back = await capacity_when(0)
+        back = await capacity_when(0, 0)
         assert back.available_worker_count == 4 and back.can_accept_run
 
     assert {b["run"]["status"] for b in bodies.values()} == {"completed"}
