@@ -76,8 +76,9 @@ Global (the first three: one set per execution bucket, see above):
                                     due (ms; a claim moves it to the claim lease's
                                     expiry). The ``finalize`` include adds (once, NX) and
                                     trims entries older than the hold (their keys are
-                                    gone); claimArchive-1 leases, settleArchive-22
-                                    removes after the durable write (history.archiver).
+                                    gone); claimArchive-1 leases, captureArchive-1
+                                    reads, settleArchives-1 removes after the durable
+                                    write (history.archiver).
 ``air:execution-layout``    string  execution bucket count B (1 standalone, 128 cluster),
                                     SET NX by the first store that creates an execution.
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =

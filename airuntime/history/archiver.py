@@ -14,9 +14,13 @@ gives the keys a long fallback TTL instead of the retention TTL. This loop:
    evidence is appended to the ledger right after finalization);
 3. ``upsert_executions`` for the batch in one transaction (idempotent: a second
    archive of the same execution is the same row set);
-4. THEN settles (``settleArchive-22.lua``: out of the outbox, retention TTL on the
-   keys, one step). A crash between 3 and 4 re-archives the same rows; after 4 nothing
-   is archived again.
+4. THEN settles (``settleArchives-1.lua``: out of the outbox, retention TTL on the
+   keys, one step per bucket). A crash between 3 and 4 re-archives the same rows;
+   after 4 nothing is archived again.
+
+Steps 2 and 4 cost one reply per bucket, not per execution (``captureArchive-1.lua``
+reads a bucket's batch in one call): the client's work per reply was most of the
+archiver's CPU per run.
 
 A history that is down never blocks execution: the entries stay in the outbox
 (``backlog``), :class:`HistoryUnavailable` propagates to the supervisor, which backs
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airuntime.core import keys
-from airuntime.core.execution_layout import buckets_for, execution_keys_for
+from airuntime.core.execution_layout import buckets_for
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary, library
@@ -82,18 +86,22 @@ class Captured:
     events: list[ArchivedEvent]
 
 
-def _text(fields: dict[Any, Any]) -> dict[str, str]:
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    """A flat ``[field, value, ...]`` reply (HGETALL, a stream entry) as a dict."""
     try:  # the archiver's clients answer bytes
-        return {k.decode(): v.decode() for k, v in fields.items()}
+        text = [x.decode() for x in flat]
     except AttributeError:  # a client that decodes replies itself
-        return {_s(k): _s(v) for k, v in fields.items()}
+        text = [_s(x) for x in flat]
+    return dict(zip(text[::2], text[1::2], strict=True))
 
 
 def _events(eid: str, raw: list[Any]) -> list[ArchivedEvent]:
-    return [
-        ArchivedEvent.from_stream(eid, seq, _s(entry_id), _text(fields))
-        for seq, (entry_id, fields) in enumerate(raw)
-    ]
+    """The ledger as ``captureArchive`` returns it: ``[entry id, fields JSON]`` each."""
+    out: list[ArchivedEvent] = []
+    for seq, (entry_id, fields_json) in enumerate(raw):
+        text = fields_json.decode() if isinstance(fields_json, bytes) else _s(fields_json)
+        out.append(ArchivedEvent.from_stream(eid, seq, _s(entry_id), json.loads(text), text))
+    return out
 
 
 def _run_id(events: list[ArchivedEvent]) -> str | None:
@@ -132,45 +140,70 @@ class _Hot:
 
 def _record(execution_id: str, hot: _Hot) -> ArchivedExecution:
     m, run = hot.meta, hot.run or {}
-    return ArchivedExecution(
+    texts = {
+        "plan": _s(hot.plan),
+        "inputs": m.get("inputs") or "{}",
+        "context": m.get("context") or "{}",
+        "snapshot": _s(hot.snapshot),
+    }
+    record = ArchivedExecution(
         execution_id=execution_id,
         tenant_id=m.get("tenant_id") or UNOWNED_TENANT,
         pipeline_id=m.get("pipeline_id", ""),
         status=m["terminal"],
         created_ms=int(m.get("created_at") or 0),
         finished_ms=_opt_int(m.get("finished_at")),
-        plan=json.loads(hot.plan),
-        inputs=json.loads(m.get("inputs") or "{}"),
-        context=json.loads(m["context"]) if m.get("context") else {},
-        snapshot=json.loads(hot.snapshot),
+        plan=json.loads(texts["plan"]),
+        inputs=json.loads(texts["inputs"]),
+        context=json.loads(texts["context"]),
+        snapshot=json.loads(texts["snapshot"]),
         step_slots=json.loads(run["step_slots"]) if run.get("step_slots") else None,
         run_id=run.get("run_id"),
         shared_run_id=run.get("shared_run_id"),
     )
+    return record.with_encoded(texts)
+
+
+async def _capture_calls(
+    redis: RedisClient, execution_ids: Sequence[str], what: Literal["all", "events"]
+) -> dict[str, Any]:
+    """``captureArchive`` of ``execution_ids``, one call per bucket, pipelined: each
+    execution's reply item."""
+    buckets = buckets_for(redis)
+    by_bucket: dict[str, list[keys.ExecutionKeys]] = {}
+    for eid in execution_ids:
+        ek = keys.execution_keys(eid, buckets)
+        by_bucket.setdefault(ek.bucket.outbox, []).append(ek)
+    groups = list(by_bucket.items())
+    calls: list[tuple[list[str], list[str | int]]] = [
+        ([outbox], [what, *(ek.tag for ek in eks)]) for outbox, eks in groups
+    ]
+    replies = await library().call_many(redis, "captureArchive", calls)
+    out: dict[str, Any] = {}
+    for (_, eks), reply in zip(groups, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply  # the batch stays leased; due again after the lease
+        for ek, item in zip(eks, reply, strict=True):
+            out[ek.execution_id] = item
+    return out
 
 
 async def capture_executions(
     redis: RedisClient, execution_ids: Sequence[str]
 ) -> dict[str, Captured | Literal[False] | None]:
     """Each execution as Redis holds it (:func:`capture_execution`), in three round
-    trips for the whole batch: the executions' keys; the run records of those that
-    have one; their ledgers again for those whose run is seen finished."""
+    trips for the whole batch: the executions' keys (``captureArchive``, one reply per
+    bucket); the run records of those that have one; their ledgers again for those
+    whose run is seen finished."""
     out: dict[str, Captured | Literal[False] | None] = {}
-    pipe = redis.pipeline(transaction=False)
-    for eid in execution_ids:
-        ek = execution_keys_for(redis, eid)
-        pipe.hgetall(ek.meta)
-        pipe.get(ek.plan)
-        pipe.get(ek.snapshot)
-        pipe.xrange(ek.events)
-    raw = await pipe.execute()
+    raw = await _capture_calls(redis, execution_ids, "all")
     hot: dict[str, _Hot] = {}
-    for i, eid in enumerate(execution_ids):
-        raw_meta, plan, snapshot, raw_events = raw[4 * i : 4 * i + 4]
+    for eid in execution_ids:
+        raw_meta, plan, snapshot, raw_events = raw[eid]
         if not raw_meta:
             out[eid] = None
             continue
-        m = _text(raw_meta)
+        m = _pairs(raw_meta)
         # `terminal` and the snapshot are written by the same finalize script, so a
         # meta that says terminal has its snapshot; the plan is written at creation.
         if not m.get("terminal") or snapshot is None or plan is None:
@@ -193,11 +226,9 @@ async def capture_executions(
         elif h.run:
             reread.append(eid)
     if reread:
-        pipe = redis.pipeline(transaction=False)
+        ledgers = await _capture_calls(redis, reread, "events")
         for eid in reread:
-            pipe.xrange(execution_keys_for(redis, eid).events)
-        for eid, raw_events in zip(reread, await pipe.execute(), strict=True):
-            hot[eid].events = _events(eid, list(raw_events or []))
+            hot[eid].events = _events(eid, list(ledgers[eid] or []))
     for eid, h in hot.items():
         out.setdefault(eid, Captured(_record(eid, h), h.events))
     return {eid: out[eid] for eid in execution_ids}
@@ -336,19 +367,23 @@ class ExecutionArchiver:
         return written
 
     async def settle(self, archived: Sequence[tuple[str, int]]) -> int:
-        """Out of the outbox, retention TTL on the keys (after the durable write); one
-        pipelined ``settleArchive`` per ``(execution id, ledger entries archived)``.
-        Returns how many were not settled because their ledger grew meanwhile (due
-        again now, to be archived with the new entries)."""
-        calls: list[tuple[list[str], list[str | int]]] = []
+        """Out of the outbox, retention TTL on the keys (after the durable write): one
+        ``settleArchives`` per bucket for its ``(execution id, ledger entries archived)``
+        pairs, pipelined. Returns how many were not settled because their ledger grew
+        meanwhile (due again now, to be archived with the new entries)."""
+        by_outbox: dict[str, list[str | int]] = {}
         for eid, entries in archived:
             ek = keys.execution_keys(eid, self.buckets)
-            calls.append(([*ek.all(), ek.bucket.outbox], [eid, entries]))
-        results = await self.scripts.call_many(self.redis, "settleArchive", calls)
+            by_outbox.setdefault(ek.bucket.outbox, []).extend((eid, ek.tag, entries))
+        suffixes: list[str | int] = [len(keys.EXECUTION_KEY_SUFFIXES), *keys.EXECUTION_KEY_SUFFIXES]
+        calls: list[tuple[list[str], list[str | int]]] = [
+            ([outbox], [*suffixes, *args]) for outbox, args in by_outbox.items()
+        ]
+        results = await self.scripts.call_many(self.redis, "settleArchives", calls)
         for reply in results:
             if isinstance(reply, Exception):
                 raise reply  # the rest settled; the failed ones are leased again when due
-        return sum(1 for r in results if int(r[0]) == 2)
+        return sum(1 for reply in results for r in reply if int(r[0]) == 2)
 
     async def _redis_ms(self) -> int:
         sec, usec = await self.redis.time()

@@ -100,6 +100,12 @@ EXECUTION_COLUMNS = (
 
 
 def execution_params(record: ArchivedExecution) -> dict[str, Any]:
+    texts = record.encoded or {}
+
+    def column(name: str) -> str:
+        text = texts.get(name)
+        return text if text is not None else _dump(getattr(record, name))
+
     return {
         "execution_id": record.execution_id,
         "tenant_id": record.tenant_id,
@@ -109,10 +115,10 @@ def execution_params(record: ArchivedExecution) -> dict[str, Any]:
         "status": record.status,
         "created_ms": record.created_ms,
         "finished_ms": record.finished_ms,
-        "plan_json": _dump(record.plan),
-        "inputs_json": _dump(record.inputs),
-        "context_json": _dump(record.context),
-        "snapshot_json": _dump(record.snapshot),
+        "plan_json": column("plan"),
+        "inputs_json": column("inputs"),
+        "context_json": column("context"),
+        "snapshot_json": column("snapshot"),
         "step_slots_json": None if record.step_slots is None else _dump(record.step_slots),
         "replay_of": record.replay_of,
         "archived_at_ms": record.archived_at_ms or now_ms(),
@@ -175,7 +181,7 @@ def event_params(event: ArchivedEvent) -> dict[str, Any]:
         "seq": event.seq,
         "entry_id": event.entry_id,
         "type": event.type,
-        "fields_json": _dump(event.fields),
+        "fields_json": event.fields_json if event.fields_json is not None else _dump(event.fields),
     }
 
 

@@ -77,6 +77,16 @@ class ArchivedExecution:
     """The execution id of the archived run this one replays, if it is a replay."""
     archived_at_ms: int | None = None
     """When the execution was first archived; set by the store (a re-archive keeps it)."""
+    encoded: dict[str, str] | None = field(default=None, init=False, compare=False, repr=False)
+    """The JSON texts ``plan``, ``inputs``, ``context`` and ``snapshot`` were decoded
+    from (keys: those names), when the reader had them: the store writes them as they
+    are instead of encoding the values again. Set only by :meth:`with_encoded`; not an
+    ``__init__`` argument, so ``dataclasses.replace`` never carries stale texts over."""
+
+    def with_encoded(self, texts: dict[str, str]) -> ArchivedExecution:
+        """This record, knowing the JSON texts its values were decoded from."""
+        object.__setattr__(self, "encoded", texts)
+        return self
 
     def __post_init__(self) -> None:
         _require(bool(self.execution_id), "execution_id is empty")
@@ -101,15 +111,24 @@ class ArchivedEvent:
     """The Redis stream entry id, e.g. ``1718000000000-0``."""
     type: str
     fields: dict[str, str] = field(default_factory=dict)
+    fields_json: str | None = field(default=None, compare=False, repr=False)
+    """``fields`` as the JSON text they were decoded from, when the reader had it (the
+    store writes it as is instead of encoding ``fields`` again)."""
 
     @classmethod
     def from_stream(
-        cls, execution_id: str, seq: int, entry_id: str, fields: dict[str, str]
+        cls,
+        execution_id: str,
+        seq: int,
+        entry_id: str,
+        fields: dict[str, str],
+        fields_json: str | None = None,
     ) -> ArchivedEvent:
         """An entry as the archiver read it from the ledger stream: ``seq`` is its
-        position and ``fields`` were decoded from Redis, strings by construction, so the
-        checks of ``__post_init__`` (a few µs per entry, on every ledger row archived)
-        are not repeated."""
+        position and ``fields`` were decoded from Redis (or from ``fields_json``, the
+        JSON object Redis encoded them as), strings by construction, so the checks of
+        ``__post_init__`` (a few µs per entry, on every ledger row archived) are not
+        repeated."""
         event = object.__new__(cls)
         for name, value in (
             ("execution_id", execution_id),
@@ -117,6 +136,7 @@ class ArchivedEvent:
             ("entry_id", entry_id),
             ("type", fields.get("type", "")),
             ("fields", fields),
+            ("fields_json", fields_json),
         ):
             object.__setattr__(event, name, value)
         return event

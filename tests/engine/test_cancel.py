@@ -130,6 +130,12 @@ def busy_until_cancelled(latch: Latch, finished: list[str]) -> Callable[[StepCon
         spins = 0
         while not ctx.is_cancelled():
             spins += 1
+            # A CPU-bound chunk, then a moment off the GIL: four pure-Python spinners
+            # starved the event loop so long on a loaded 2-core CI box that a new
+            # Redis connection hit redis-py's 5 s connect timeout. Cancellation is
+            # still noticed only by polling ``is_cancelled``.
+            sum(range(2_000))
+            time.sleep(0.0005)
             if time.monotonic() > give_up:
                 finished.append(ctx.step_id)
                 return spins
