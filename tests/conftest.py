@@ -38,7 +38,8 @@ from redis.asyncio import Redis
 from airuntime.core.redis_client import CountingRedisCluster, RedisClient, connect
 from airuntime.core.slots import SLOT_CHECK_ENV
 from airuntime.devstack.cluster import LocalCluster
-from airuntime.devstack.embedded import EmbeddedServer, server_info_version
+from airuntime.devstack.embedded import EmbeddedServer
+from airuntime.devstack.process_redis import server_info_version
 
 # Every script call and transaction of the suite (child processes included) is refused
 # when its keys span more than one hash slot, as a Redis Cluster would refuse it.

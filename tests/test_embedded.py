@@ -24,9 +24,8 @@ from redis.asyncio import Redis
 
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack import embedded
-from airuntime.devstack.embedded import (
-    EmbeddedServer,
-    EmbeddedServerError,
+from airuntime.devstack.embedded import EmbeddedServer, EmbeddedServerError
+from airuntime.devstack.process_redis import (
     open_redis,
     parse_server_version,
     redis_for_process,
@@ -403,7 +402,8 @@ def test_server_survives_exit_of_the_thread_that_started_it() -> None:
 CHILD_SCRIPT = textwrap.dedent(
     """\
     import asyncio, os, signal, sys, time
-    from airuntime.devstack.embedded import EmbeddedServer, redis_for_process
+    from airuntime.devstack.embedded import EmbeddedServer
+    from airuntime.devstack.process_redis import redis_for_process
 
     mode = sys.argv[1]
     # As a program started from a terminal: Ctrl-C raises KeyboardInterrupt even when

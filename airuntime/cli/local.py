@@ -39,7 +39,7 @@ from airuntime.control_plane.settings import (
 )
 from airuntime.core.errors import ConfigError
 from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV
-from airuntime.devstack.embedded import redis_for_process
+from airuntime.devstack.process_redis import redis_for_process
 from airuntime.fleet.runs import RunStatus
 
 

@@ -19,6 +19,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _executions()
+    _events()
+    _shared_runs()
+    _payloads()
+
+
+def _executions() -> None:
+    """One row per archived execution, and its listing indexes."""
     op.create_table(
         "history_executions",
         sa.Column("execution_id", sa.Text(), nullable=False),
@@ -47,6 +55,9 @@ def upgrade() -> None:
     op.create_index("ix_history_executions_run", "history_executions", ["run_id"])
     op.create_index("ix_history_executions_replay_of", "history_executions", ["replay_of"])
 
+
+def _events() -> None:
+    """One row per ledger entry of an execution."""
     op.create_table(
         "history_events",
         sa.Column("execution_id", sa.Text(), nullable=False),
@@ -63,6 +74,9 @@ def upgrade() -> None:
         ),
     )
 
+
+def _shared_runs() -> None:
+    """One row per archived shared run, and its listing indexes."""
     op.create_table(
         "history_shared_runs",
         sa.Column("shared_run_id", sa.Text(), nullable=False),
@@ -94,6 +108,9 @@ def upgrade() -> None:
         ["tenant_id", "pipeline_id", "created_ms", "shared_run_id"],
     )
 
+
+def _payloads() -> None:
+    """Large step outputs, by content hash."""
     # No foreign key to the execution: a large output is stored when its step
     # completes, long before the execution is archived.
     op.create_table(
