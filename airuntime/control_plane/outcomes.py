@@ -2,11 +2,12 @@
 
 Why this module exists: a shared run is the control plane's record, the run that
 executes it is a runtime's. When the runtime run reaches a terminal status the
-runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to ``air:{air}:run-outcomes``
-atomically with the run's terminal record; :class:`OutcomeReader` (a supervised loop)
-reads that stream with a consumer group, ends the shared run (:func:`end_shared_run`:
-Succeeded / Failed / Cancelled, a compare-and-set, idempotent) and only then
-acknowledges the entry. After a restart it first re-reads the entries it had read but
+runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to its run bucket's
+outcome stream (``air:{air}:run-outcomes`` on a standalone server, one stream per run
+bucket on a cluster) atomically with the run's terminal record; :class:`OutcomeReader`
+(a supervised loop) reads those streams with a consumer group, ends the shared run
+(:func:`end_shared_run`: Succeeded / Failed / Cancelled, a compare-and-set, idempotent)
+and only then acknowledges the entry. After a restart it first re-reads the entries it had read but
 not acknowledged, and it takes over entries another control plane left unacknowledged
 for a while (XAUTOCLAIM), so a crash between reading and acknowledging loses nothing.
 An outcome that was never written or never seen is the reconciler's
@@ -23,6 +24,7 @@ from redis.exceptions import ResponseError
 from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore, Transition
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.supervision import LoopContext
 from airuntime.fleet.outcomes import RunOutcome
 from airuntime.fleet.runs import RunRecord, RunStatus
@@ -32,7 +34,7 @@ __all__ = ["OUTCOME_GROUP", "OutcomeReader", "end_shared_run", "outcome_of"]
 log = logging.getLogger(__name__)
 
 OUTCOME_GROUP: Final = "airuntime-control-plane"
-"""The consumer group every control plane reads ``air:{air}:run-outcomes`` in (each outcome
+"""The consumer group every control plane reads the outcome streams in (each outcome
 is handled by one of them)."""
 
 SHARED_STATUS: Final = {
@@ -111,6 +113,8 @@ class OutcomeReader:
         self.batch = batch
         self.claim_idle_ms = claim_idle_ms
         self.handled = 0
+        self.streams = [b.outcomes for b in keys.run_buckets(run_buckets_for(redis))]
+        self._turn = 0
 
     async def run(self, ctx: LoopContext) -> None:
         await self.ensure_group()
@@ -122,56 +126,74 @@ class OutcomeReader:
             ctx.ok()
 
     async def ensure_group(self) -> None:
-        """Create the group (from the stream's start) unless it exists; after a Redis
-        that lost its data the group is gone, and this is how a restart recreates it."""
-        try:
-            await self.redis.xgroup_create(
-                keys.run_outcomes(), OUTCOME_GROUP, id="0", mkstream=True
-            )
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the group (from the stream's start) on every bucket's stream unless it
+        exists; after a Redis that lost its data the group is gone, and this is how a
+        restart recreates it."""
+        for stream in self.streams:
+            try:
+                await self.redis.xgroup_create(stream, OUTCOME_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     async def read_pending(self) -> int:
         """Handle the entries this consumer read earlier and did not acknowledge."""
         total = 0
-        while True:
-            reply = await self.redis.xreadgroup(
-                OUTCOME_GROUP, self.consumer, {keys.run_outcomes(): "0"}, count=self.batch
-            )
-            entries = _entries(reply)
-            if not entries:
-                return total
-            total += await self._handle(entries)
+        for stream in self.streams:
+            while True:
+                reply = await self.redis.xreadgroup(
+                    OUTCOME_GROUP, self.consumer, {stream: "0"}, count=self.batch
+                )
+                entries = _entries(reply)
+                if not entries:
+                    break
+                total += await self._handle(stream, entries)
+        return total
 
     async def read_new(self) -> int:
+        """New entries of every bucket's stream. One stream (a standalone server): a
+        blocking read. Several (a cluster: one per run bucket, in different slots, so
+        no single read covers them): each is read without blocking and, when all were
+        empty, one of them in turn blocks for ``block_ms / buckets``, so an outcome
+        waits at most about that long."""
+        if len(self.streams) == 1:
+            return await self._read(self.streams[0], self.block_ms)
+        total = 0
+        for stream in self.streams:
+            total += await self._read(stream, None)
+        if total == 0:
+            self._turn = (self._turn + 1) % len(self.streams)
+            wait = max(1, self.block_ms // len(self.streams))
+            total += await self._read(self.streams[self._turn], wait)
+        return total
+
+    async def _read(self, stream: str, block_ms: int | None) -> int:
         reply = await self.redis.xreadgroup(
-            OUTCOME_GROUP,
-            self.consumer,
-            {keys.run_outcomes(): ">"},
-            count=self.batch,
-            block=self.block_ms,
+            OUTCOME_GROUP, self.consumer, {stream: ">"}, count=self.batch, block=block_ms
         )
-        return await self._handle(_entries(reply))
+        return await self._handle(stream, _entries(reply))
 
     async def take_over_abandoned(self) -> int:
         """Claim entries another consumer read but left unacknowledged for too long."""
-        reply: Any = await self.redis.xautoclaim(
-            keys.run_outcomes(),
-            OUTCOME_GROUP,
-            self.consumer,
-            min_idle_time=self.claim_idle_ms,
-            start_id="0-0",
-            count=self.batch,
-        )
-        entries = [(i, f) for i, f in reply[1]] if reply else []
-        return await self._handle(entries)
+        total = 0
+        for stream in self.streams:
+            reply: Any = await self.redis.xautoclaim(
+                stream,
+                OUTCOME_GROUP,
+                self.consumer,
+                min_idle_time=self.claim_idle_ms,
+                start_id="0-0",
+                count=self.batch,
+            )
+            entries = [(i, f) for i, f in reply[1]] if reply else []
+            total += await self._handle(stream, entries)
+        return total
 
-    async def _handle(self, entries: list[tuple[Any, Any]]) -> int:
+    async def _handle(self, stream: str, entries: list[tuple[Any, Any]]) -> int:
         for entry_id, fields in entries:
             if fields:  # an entry trimmed away while pending has no fields: just ack it
                 await self._apply(entry_id, fields)
-            await self.redis.xack(keys.run_outcomes(), OUTCOME_GROUP, entry_id)
+            await self.redis.xack(stream, OUTCOME_GROUP, entry_id)
             self.handled += 1
         return len(entries)
 
