@@ -20,6 +20,8 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from airuntime.control_plane.outcomes import OUTCOME_GROUP, OutcomeReader
+from airuntime.control_plane.shared_runs import SharedRunStore
 from airuntime.core import keys
 from airuntime.core.execution_layout import LayoutMismatch
 from airuntime.core.redis_client import CountingRedisCluster, RedisClient
@@ -137,6 +139,33 @@ async def test_prune_removes_expired_runs_of_every_bucket_on_the_cluster(
     assert await index.list_for_tenant("tenant-a") == []
     for record in records:
         assert await index.run_for_shared(record.shared_run_id) is None
+
+
+async def test_the_outcome_reader_reads_and_acknowledges_every_buckets_stream(
+    cluster_redis: CountingRedisCluster,
+) -> None:
+    index = RunIndex(cluster_redis)
+    reader = OutcomeReader(cluster_redis, SharedRunStore(cluster_redis), "cp-1", block_ms=160)
+    assert len(reader.streams) == keys.CLUSTER_RUN_BUCKETS
+    await reader.ensure_group()
+    finished = []
+    for _ in range(40):
+        run_id, _ = await index.accept("outcomes-1", request(pipeline(1)))
+        loaded = await index.get_unchecked(run_id)
+        assert loaded is not None and await index.finish(loaded[0], RunStatus.COMPLETED)
+        finished.append(run_id)
+    used = {keys.run_bucket_of(r, index.buckets).outcomes for r in finished}
+    assert len(used) > 8, used
+
+    async def all_read() -> bool:
+        await reader.read_new()
+        return reader.handled >= len(finished)
+
+    await eventually(all_read, "every outcome read", timeout=30)
+    assert reader.handled == len(finished), "each outcome read once"
+    for stream in used:
+        pending = await cluster_redis.xpending(stream, OUTCOME_GROUP)
+        assert pending["pending"] == 0, (stream, pending)
 
 
 @pytest_asyncio.fixture
