@@ -70,7 +70,9 @@ class Adoption:
         """Push own queued runs missing from the local queue (a crash between
         acceptance's two steps, or an adoption's): see ``RunIndex.repair_queue``."""
         inst = self.inst
-        lost = await inst.index.repair_queue(inst.instance_id, own_queued)
+        # Ten heartbeats: far longer than the gap between acceptance's two steps.
+        min_age_ms = int(inst.config.heartbeat_s * 10_000)
+        lost = await inst.index.repair_queue(inst.instance_id, own_queued, min_age_ms=min_age_ms)
         if lost:
             log.warning("%s: queued runs %s were in no queue; queued again", inst.instance_id, lost)
             inst.kick()

@@ -348,26 +348,42 @@ class RunIndex:
         )
         return int(reply) == 1
 
-    async def repair_queue(self, instance_id: str, own_queued: list[str]) -> list[str]:
+    async def repair_queue(
+        self, instance_id: str, own_queued: list[str], *, min_age_ms: int
+    ) -> list[str]:
         """Push the runs of ``own_queued`` (runs this instance owns, read as queued from
-        the indexes *before* this call) that are missing from its queue: what a crash
-        between acceptance's two steps (or an adoption's) leaves behind. Returns them.
+        the indexes before this call) that are missing from its queue and were accepted
+        (or adopted) at least ``min_age_ms`` ago by Redis time: what a crash between
+        acceptance's two steps (or an adoption's) leaves behind. Returns them.
 
-        The indexes are read before the queue, and a run enters the queue only after its
-        record, so a run missing here was not just being accepted; a duplicate entry
-        (an adoption pushing at the same time) is harmless: the first start removes
-        every entry of a run, the controller drops an entry of a run not queued."""
+        A run is queued in its bucket just before it is pushed, so a young run missing
+        here is most likely being accepted right now: the age keeps the sweep from
+        pushing it a second time. A duplicate entry would still be harmless (the first
+        start removes every entry of a run, the controller drops an entry of a run that
+        is not queued); a run lost for good waits ``min_age_ms`` at most one sweep more."""
         if not own_queued:
             return []
         queued = {_s(r) for r in await self.redis.lrange(self.queue_key(instance_id), 0, -1)}
         missing = [r for r in own_queued if r not in queued]
         if not missing:
             return []
-        owners = await self.owners(missing)
+        seconds, micros = await self.redis.time()
+        oldest_ms = int(seconds) * 1000 + int(micros) // 1000 - min_age_ms
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in missing:
+            pipe.hmget(
+                self.run_key(run_id), "status", "instance_id", "created_at_ms", "adopted_at_ms"
+            )
         lost = [
-            r
-            for r, (st, owner) in zip(missing, owners, strict=True)
-            if st == RunStatus.QUEUED.value and owner == instance_id
+            run_id
+            for run_id, (status, owner, created, adopted) in zip(
+                missing, await pipe.execute(), strict=True
+            )
+            if status is not None
+            and _s(status) == RunStatus.QUEUED.value
+            and owner is not None
+            and _s(owner) == instance_id
+            and max(int(created or 0), int(adopted or 0)) <= oldest_ms
         ]
         if lost:
             await self.redis.rpush(self.queue_key(instance_id), *lost)

@@ -212,3 +212,21 @@ async def test_a_layout_written_by_a_cluster_is_refused_on_a_standalone_server(
     ):
         await index.accept("layout-1", request(pipeline(1)))
     assert await redis.keys(keys.run("*")) == [], "nothing written"
+
+
+async def test_the_repair_leaves_a_run_being_accepted_alone_and_pushes_a_lost_one_once(
+    engine_redis: RedisClient,
+) -> None:
+    """A run queued in its bucket but not (yet) in its queue: young, it is probably
+    being accepted right now and is left alone; old enough, it is pushed, once."""
+    index = RunIndex(engine_redis)
+    lost = await index.create_unqueued("repair-2", request(pipeline(1)))
+    assert lost is not None
+    own = await index.in_state(RunStatus.QUEUED)
+    assert own == [lost]
+    assert await index.repair_queue("repair-2", own, min_age_ms=60_000) == []
+    assert await index.queue_length("repair-2") == 0, "an accept in flight is not doubled"
+    assert await index.repair_queue("someone-else", own, min_age_ms=0) == [], "not its run"
+    assert await index.repair_queue("repair-2", own, min_age_ms=0) == [lost]
+    assert await index.repair_queue("repair-2", own, min_age_ms=0) == [], "pushed once"
+    assert await index.queue_head("repair-2", 10) == [lost]
