@@ -16,6 +16,7 @@ An outcome that was never written or never seen is the reconciler's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Final
 
@@ -114,15 +115,29 @@ class OutcomeReader:
         self.claim_idle_ms = claim_idle_ms
         self.handled = 0
         self.streams = [b.outcomes for b in keys.run_buckets(run_buckets_for(redis))]
-        self._turn = 0
 
     async def run(self, ctx: LoopContext) -> None:
         await self.ensure_group()
         await self.read_pending()
         ctx.ok()
+        if len(self.streams) == 1:
+            await self._follow(self.streams[0], ctx)
+        # A cluster: one stream per run bucket, each in its own slot (no single read
+        # covers them), so each is followed by its own blocking reader; an outcome is
+        # seen as soon as it is written, and an idle reader costs one read per stream
+        # per ``block_ms``. One failing reader stops the others; the supervisor restarts.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for stream in self.streams:
+                    group.create_task(self._follow(stream, ctx))
+        except* Exception as failed:
+            raise failed.exceptions[0] from None
+
+    async def _follow(self, stream: str, ctx: LoopContext) -> None:
+        """One stream, forever: entries abandoned by another consumer, then new ones."""
         while True:
-            await self.take_over_abandoned()
-            await self.read_new()
+            await self._take_over(stream)
+            await self._read(stream, self.block_ms)
             ctx.ok()
 
     async def ensure_group(self) -> None:
@@ -151,20 +166,14 @@ class OutcomeReader:
         return total
 
     async def read_new(self) -> int:
-        """New entries of every bucket's stream. One stream (a standalone server): a
-        blocking read. Several (a cluster: one per run bucket, in different slots, so
-        no single read covers them): each is read without blocking and, when all were
-        empty, one of them in turn blocks for ``block_ms / buckets``, so an outcome
-        waits at most about that long."""
+        """One pass over the new entries of every bucket's stream: a blocking read of
+        the one stream of a standalone server, a non-blocking read of each on a cluster
+        (:meth:`run` follows each stream with its own blocking reader instead)."""
         if len(self.streams) == 1:
             return await self._read(self.streams[0], self.block_ms)
         total = 0
         for stream in self.streams:
             total += await self._read(stream, None)
-        if total == 0:
-            self._turn = (self._turn + 1) % len(self.streams)
-            wait = max(1, self.block_ms // len(self.streams))
-            total += await self._read(self.streams[self._turn], wait)
         return total
 
     async def _read(self, stream: str, block_ms: int | None) -> int:
@@ -177,17 +186,20 @@ class OutcomeReader:
         """Claim entries another consumer read but left unacknowledged for too long."""
         total = 0
         for stream in self.streams:
-            reply: Any = await self.redis.xautoclaim(
-                stream,
-                OUTCOME_GROUP,
-                self.consumer,
-                min_idle_time=self.claim_idle_ms,
-                start_id="0-0",
-                count=self.batch,
-            )
-            entries = [(i, f) for i, f in reply[1]] if reply else []
-            total += await self._handle(stream, entries)
+            total += await self._take_over(stream)
         return total
+
+    async def _take_over(self, stream: str) -> int:
+        reply: Any = await self.redis.xautoclaim(
+            stream,
+            OUTCOME_GROUP,
+            self.consumer,
+            min_idle_time=self.claim_idle_ms,
+            start_id="0-0",
+            count=self.batch,
+        )
+        entries = [(i, f) for i, f in reply[1]] if reply else []
+        return await self._handle(stream, entries)
 
     async def _handle(self, stream: str, entries: list[tuple[Any, Any]]) -> int:
         for entry_id, fields in entries:

@@ -127,8 +127,9 @@ class RunIndex:
 
         Idempotent by SharedRunId: every delivery after the first, to any instance,
         returns the first RunId and writes nothing. Raises :class:`QueueFull` when the
-        local queue already holds ``queue_capacity`` runs, :class:`SharedRunConflict`
-        when the SharedRunId's run belongs to another tenant.
+        local queue already holds ``queue_capacity`` runs (read just before the script:
+        concurrent accepts on one instance may overshoot it by the accepts in flight),
+        :class:`SharedRunConflict` when the SharedRunId's run belongs to another tenant.
         """
         answer = (await self._accept_all(instance_id, [request], queue_capacity))[0]
         if isinstance(answer, QueueFull | SharedRunConflict):

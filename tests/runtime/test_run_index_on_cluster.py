@@ -25,6 +25,7 @@ from airuntime.control_plane.shared_runs import SharedRunStore
 from airuntime.core import keys
 from airuntime.core.execution_layout import LayoutMismatch
 from airuntime.core.redis_client import CountingRedisCluster, RedisClient
+from airuntime.core.supervision import Supervisor
 from airuntime.devstack.cluster import LocalCluster
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunStatus
@@ -141,27 +142,39 @@ async def test_prune_removes_expired_runs_of_every_bucket_on_the_cluster(
         assert await index.run_for_shared(record.shared_run_id) is None
 
 
+@pytest.mark.parametrize("mode", ["passes", "loop"])
 async def test_the_outcome_reader_reads_and_acknowledges_every_buckets_stream(
-    cluster_redis: CountingRedisCluster,
+    cluster_redis: CountingRedisCluster, mode: str
 ) -> None:
+    """``passes``: :meth:`OutcomeReader.read_new` as a test calls it; ``loop``: the
+    supervised loop, one blocking reader per bucket stream, with outcomes written while
+    it blocks (each must be seen, whichever stream it lands in)."""
     index = RunIndex(cluster_redis)
-    reader = OutcomeReader(cluster_redis, SharedRunStore(cluster_redis), "cp-1", block_ms=160)
+    reader = OutcomeReader(cluster_redis, SharedRunStore(cluster_redis), "cp-1", block_ms=500)
     assert len(reader.streams) == keys.CLUSTER_RUN_BUCKETS
     await reader.ensure_group()
+    supervisor = Supervisor("outcomes-test")
+    if mode == "loop":
+        supervisor.start("outcomes", reader.run)
+        await supervisor.wait_ok("outcomes")
     finished = []
-    for _ in range(40):
-        run_id, _ = await index.accept("outcomes-1", request(pipeline(1)))
-        loaded = await index.get_unchecked(run_id)
-        assert loaded is not None and await index.finish(loaded[0], RunStatus.COMPLETED)
-        finished.append(run_id)
-    used = {keys.run_bucket_of(r, index.buckets).outcomes for r in finished}
-    assert len(used) > 8, used
+    try:
+        for _ in range(40):
+            run_id, _ = await index.accept("outcomes-1", request(pipeline(1)))
+            loaded = await index.get_unchecked(run_id)
+            assert loaded is not None and await index.finish(loaded[0], RunStatus.COMPLETED)
+            finished.append(run_id)
+        used = {keys.run_bucket_of(r, index.buckets).outcomes for r in finished}
+        assert len(used) > 8, used
 
-    async def all_read() -> bool:
-        await reader.read_new()
-        return reader.handled >= len(finished)
+        async def all_read() -> bool:
+            if mode == "passes":
+                await reader.read_new()
+            return reader.handled >= len(finished)
 
-    await eventually(all_read, "every outcome read", timeout=30)
+        await eventually(all_read, "every outcome read", timeout=30)
+    finally:
+        await supervisor.stop()
     assert reader.handled == len(finished), "each outcome read once"
     for stream in used:
         pending = await cluster_redis.xpending(stream, OUTCOME_GROUP)
