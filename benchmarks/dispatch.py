@@ -89,6 +89,7 @@ from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import connect
+from airuntime.core.run_layout import run_buckets_for
 from airuntime.devstack.embedded import EmbeddedServer
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -189,13 +190,14 @@ async def _wait_done(
     redis: Redis, cp: ControlPlane, runs: int, timeout_s: float, tenants: int = 1
 ) -> None:
     deadline = time.monotonic() + timeout_s
-    indexes = [keys.runs_by_tenant(s.tenant_id) for s in _snapshots(tenants)]
+    buckets = keys.run_buckets(run_buckets_for(redis))  # one on a standalone server
+    indexes = [b.by_tenant(s.tenant_id) for s in _snapshots(tenants) for b in buckets]
+    states = [b.in_state(state) for b in buckets for state in ("queued", "running")]
     while time.monotonic() < deadline:
         if (
             await cp.queue.pending_count() == 0
             and await cp.queue.claimed_count() == 0
-            and await redis.zcard(keys.runs_in_state("queued")) == 0
-            and await redis.zcard(keys.runs_in_state("running")) == 0
+            and sum([await redis.zcard(state) for state in states]) == 0
             and sum([await redis.zcard(index) for index in indexes]) == runs
         ):
             return
@@ -214,7 +216,7 @@ async def _collect(
     for run in shared:
         # Dispatched, or already ended by the runtime's outcome (the outcome reader).
         assert run.status in _DISPATCHED_OR_ENDED and run.run_id, run
-        pipe.hgetall(keys.run(run.run_id))
+        pipe.hgetall(keys.run(run.run_id, run_buckets_for(redis)))
     records = [{k.decode(): v.decode() for k, v in raw.items()} for raw in await pipe.execute()]
     return list(zip(shared, records, strict=True))
 

@@ -16,9 +16,10 @@ What is measured
   the scenario; ``share`` = that primary's part; ``cpu_us_per_run`` = total Redis CPU /
   runs.
 
-The control plane's records (shared runs, the run index, the registry) share one slot
-(``{air}``), so their shard carries more than a third; the tenants' queues and the
-executions (each run's execution is in one of 128 buckets) spread over all three.
+The control plane's records (shared runs, the registry) share one slot (``{air}``), so
+their shard carries more than a third; the tenants' queues, the executions (each run's
+execution is in one of 128 buckets) and the runtime run index (16 run buckets by
+RunId) spread over all three.
 """
 
 from __future__ import annotations

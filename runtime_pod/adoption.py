@@ -3,10 +3,12 @@
 Why this module exists: the queue and the run index live in Redis, so nothing is lost
 when an instance dies. Every heartbeat, a live instance that the run's tenant may use
 
-* **adopts** what dead instances left behind (compare-and-set, ``adoptRun-2.lua``, only
+* **adopts** what dead instances left behind (compare-and-set, ``adoptRun-1.lua``, only
   while the owner is unregistered):
   their queued runs move into its queue, their running executions continue here (the
   engine recovers the dead workers' claims);
+* **repairs** its local queue: an own queued run missing from it (a crash between the
+  two steps of acceptance, or of an adoption) is pushed again;
 * **resumes** its own running runs that execute nowhere (its participation ended
   without finishing them, or its process restarted under the same id);
 * **assists**: idle workers join running executions owned by other live instances,
@@ -47,14 +49,33 @@ class Adoption:
         live = {d.instance_id for d in await inst.registry.list_all()} | {inst.instance_id}
         for state in (RunStatus.QUEUED, RunStatus.RUNNING):
             ids = await inst.index.in_state(state)
+            own_queued: list[str] = []
             # Owner and status first (one round trip): only runs with something to do
             # here are loaded whole, so a healthy fleet's sweep costs one read per run.
             for run_id, (status, owner) in zip(ids, await inst.index.owners(ids), strict=True):
+                if (
+                    state is RunStatus.QUEUED
+                    and status == state.value
+                    and owner == inst.instance_id
+                ):
+                    own_queued.append(run_id)
                 if status != state.value or not self._concerns(state, run_id, owner, live):
                     continue
                 loaded = await inst.index.get_unchecked(run_id)
                 if loaded is not None and loaded[0].status is state:
                     await self._reconcile(*loaded, live=live)
+            await self._repair_queue(own_queued)
+
+    async def _repair_queue(self, own_queued: list[str]) -> None:
+        """Push own queued runs missing from the local queue (a crash between
+        acceptance's two steps, or an adoption's): see ``RunIndex.repair_queue``."""
+        inst = self.inst
+        # Ten heartbeats: far longer than the gap between acceptance's two steps.
+        min_age_ms = int(inst.config.heartbeat_s * 10_000)
+        lost = await inst.index.repair_queue(inst.instance_id, own_queued, min_age_ms=min_age_ms)
+        if lost:
+            log.warning("%s: queued runs %s were in no queue; queued again", inst.instance_id, lost)
+            inst.kick()
 
     def _concerns(self, state: RunStatus, run_id: str, owner: str | None, live: set[str]) -> bool:
         """Whether :meth:`_reconcile` could act on the run: an own running run that

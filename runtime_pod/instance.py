@@ -4,7 +4,7 @@ registry heartbeat, and supervised background loops.
 Accepting a run creates its ``RunId`` (:mod:`runtime_pod.intake`: idempotent by
 SharedRunId, checked against the tenant's visibility and handler allowlist); the
 background controller starts queued runs while a run slot *and* a worker are free and
-creates the ``ExecutionId`` (``startRun-4.lua``); a participation
+creates the ``ExecutionId`` (``startRun-3.lua``); a participation
 (:mod:`runtime_pod.participation`) runs the DAG with ``min(WorkerCount,
 MaxLocalWorkersPerExecution, AvailableWorkerCount)`` workers of this instance and
 records the run's end. With no worker free the run waits in the queue.

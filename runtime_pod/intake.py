@@ -16,7 +16,8 @@ is written:
 * ``stopping`` / ``paused`` / ``queue_full``.
 
 A SharedRunId delivered again (to this or any instance) returns the RunId it already
-has, whatever the instance's state: acceptance is one script (``acceptRun-5.lua``).
+has, whatever the instance's state: the SharedRunId is claimed by one script
+(``acceptRun-4.lua``; the queue push follows).
 
 :func:`accept_runs` is the batch form a pump's delivery uses (one call carrying N
 runs): the same checks per run, each tenant's settings read once and each distinct

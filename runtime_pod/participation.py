@@ -6,7 +6,7 @@ compiles the pipeline with the tenant's handler allowlist, creates the execution
 (idempotent by ExecutionId), runs it with the instance's workers and, when the
 execution is terminal, records the run's end: its step-slot evidence goes into the
 execution's ledger and into the run record, and the run is marked finished together
-with its :class:`~airuntime.fleet.outcomes.RunOutcome` (``finishRun-7.lua``). Every one
+with its :class:`~airuntime.fleet.outcomes.RunOutcome` (``finishRun-6.lua``). Every one
 of these steps is idempotent, so a transient Redis failure is waited out and the step
 repeated (:mod:`runtime_pod.transient`) instead of ending the participation; a run is
 never left "running" because Redis was away for a moment.

@@ -2,11 +2,12 @@
 
 Why this module exists: a shared run is the control plane's record, the run that
 executes it is a runtime's. When the runtime run reaches a terminal status the
-runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to ``air:{air}:run-outcomes``
-atomically with the run's terminal record; :class:`OutcomeReader` (a supervised loop)
-reads that stream with a consumer group, ends the shared run (:func:`end_shared_run`:
-Succeeded / Failed / Cancelled, a compare-and-set, idempotent) and only then
-acknowledges the entry. After a restart it first re-reads the entries it had read but
+runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to its run bucket's
+outcome stream (``air:{air}:run-outcomes`` on a standalone server, one stream per run
+bucket on a cluster) atomically with the run's terminal record; :class:`OutcomeReader`
+(a supervised loop) reads those streams with a consumer group, ends the shared run
+(:func:`end_shared_run`: Succeeded / Failed / Cancelled, a compare-and-set, idempotent)
+and only then acknowledges the entry. After a restart it first re-reads the entries it had read but
 not acknowledged, and it takes over entries another control plane left unacknowledged
 for a while (XAUTOCLAIM), so a crash between reading and acknowledging loses nothing.
 An outcome that was never written or never seen is the reconciler's
@@ -15,6 +16,7 @@ An outcome that was never written or never seen is the reconciler's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Final
 
@@ -23,6 +25,7 @@ from redis.exceptions import ResponseError
 from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore, Transition
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.supervision import LoopContext
 from airuntime.fleet.outcomes import RunOutcome
 from airuntime.fleet.runs import RunRecord, RunStatus
@@ -32,7 +35,7 @@ __all__ = ["OUTCOME_GROUP", "OutcomeReader", "end_shared_run", "outcome_of"]
 log = logging.getLogger(__name__)
 
 OUTCOME_GROUP: Final = "airuntime-control-plane"
-"""The consumer group every control plane reads ``air:{air}:run-outcomes`` in (each outcome
+"""The consumer group every control plane reads the outcome streams in (each outcome
 is handled by one of them)."""
 
 SHARED_STATUS: Final = {
@@ -111,53 +114,84 @@ class OutcomeReader:
         self.batch = batch
         self.claim_idle_ms = claim_idle_ms
         self.handled = 0
+        self.streams = [b.outcomes for b in keys.run_buckets(run_buckets_for(redis))]
 
     async def run(self, ctx: LoopContext) -> None:
         await self.ensure_group()
         await self.read_pending()
         ctx.ok()
+        if len(self.streams) == 1:
+            await self._follow(self.streams[0], ctx)
+        # A cluster: one stream per run bucket, each in its own slot (no single read
+        # covers them), so each is followed by its own blocking reader; an outcome is
+        # seen as soon as it is written, and an idle reader costs one read per stream
+        # per ``block_ms``. One failing reader stops the others; the supervisor restarts.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for stream in self.streams:
+                    group.create_task(self._follow(stream, ctx))
+        except* Exception as failed:
+            raise failed.exceptions[0] from None
+
+    async def _follow(self, stream: str, ctx: LoopContext) -> None:
+        """One stream, forever: entries abandoned by another consumer, then new ones."""
         while True:
-            await self.take_over_abandoned()
-            await self.read_new()
+            await self._take_over(stream)
+            await self._read(stream, self.block_ms)
             ctx.ok()
 
     async def ensure_group(self) -> None:
-        """Create the group (from the stream's start) unless it exists; after a Redis
-        that lost its data the group is gone, and this is how a restart recreates it."""
-        try:
-            await self.redis.xgroup_create(
-                keys.run_outcomes(), OUTCOME_GROUP, id="0", mkstream=True
-            )
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the group (from the stream's start) on every bucket's stream unless it
+        exists; after a Redis that lost its data the group is gone, and this is how a
+        restart recreates it."""
+        for stream in self.streams:
+            try:
+                await self.redis.xgroup_create(stream, OUTCOME_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     async def read_pending(self) -> int:
         """Handle the entries this consumer read earlier and did not acknowledge."""
         total = 0
-        while True:
-            reply = await self.redis.xreadgroup(
-                OUTCOME_GROUP, self.consumer, {keys.run_outcomes(): "0"}, count=self.batch
-            )
-            entries = _entries(reply)
-            if not entries:
-                return total
-            total += await self._handle(entries)
+        for stream in self.streams:
+            while True:
+                reply = await self.redis.xreadgroup(
+                    OUTCOME_GROUP, self.consumer, {stream: "0"}, count=self.batch
+                )
+                entries = _entries(reply)
+                if not entries:
+                    break
+                total += await self._handle(stream, entries)
+        return total
 
     async def read_new(self) -> int:
+        """One pass over the new entries of every bucket's stream: a blocking read of
+        the one stream of a standalone server, a non-blocking read of each on a cluster
+        (:meth:`run` follows each stream with its own blocking reader instead)."""
+        if len(self.streams) == 1:
+            return await self._read(self.streams[0], self.block_ms)
+        total = 0
+        for stream in self.streams:
+            total += await self._read(stream, None)
+        return total
+
+    async def _read(self, stream: str, block_ms: int | None) -> int:
         reply = await self.redis.xreadgroup(
-            OUTCOME_GROUP,
-            self.consumer,
-            {keys.run_outcomes(): ">"},
-            count=self.batch,
-            block=self.block_ms,
+            OUTCOME_GROUP, self.consumer, {stream: ">"}, count=self.batch, block=block_ms
         )
-        return await self._handle(_entries(reply))
+        return await self._handle(stream, _entries(reply))
 
     async def take_over_abandoned(self) -> int:
         """Claim entries another consumer read but left unacknowledged for too long."""
+        total = 0
+        for stream in self.streams:
+            total += await self._take_over(stream)
+        return total
+
+    async def _take_over(self, stream: str) -> int:
         reply: Any = await self.redis.xautoclaim(
-            keys.run_outcomes(),
+            stream,
             OUTCOME_GROUP,
             self.consumer,
             min_idle_time=self.claim_idle_ms,
@@ -165,13 +199,13 @@ class OutcomeReader:
             count=self.batch,
         )
         entries = [(i, f) for i, f in reply[1]] if reply else []
-        return await self._handle(entries)
+        return await self._handle(stream, entries)
 
-    async def _handle(self, entries: list[tuple[Any, Any]]) -> int:
+    async def _handle(self, stream: str, entries: list[tuple[Any, Any]]) -> int:
         for entry_id, fields in entries:
             if fields:  # an entry trimmed away while pending has no fields: just ack it
                 await self._apply(entry_id, fields)
-            await self.redis.xack(keys.run_outcomes(), OUTCOME_GROUP, entry_id)
+            await self.redis.xack(stream, OUTCOME_GROUP, entry_id)
             self.handled += 1
         return len(entries)
 

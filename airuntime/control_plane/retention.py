@@ -35,6 +35,7 @@ from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore
 from airuntime.core import keys
 from airuntime.core.execution_layout import buckets_for
 from airuntime.core.redis_client import RedisClient
+from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.slots import ensure_transaction_slot
 from airuntime.core.supervision import LoopContext
 
@@ -106,9 +107,10 @@ class Retention:
         await self._scale_out_requests(cutoff, report)
         await self._executions(cutoff, report)
         await self._runtime_runs(cutoff)
-        report.outcomes = int(
-            await self.redis.xtrim(keys.run_outcomes(), minid=f"{max(cutoff, 0)}-0")
-        )
+        for bucket in keys.run_buckets(run_buckets_for(self.redis)):
+            report.outcomes += int(
+                await self.redis.xtrim(bucket.outcomes, minid=f"{max(cutoff, 0)}-0")
+            )
         if report.shared_runs or report.scale_out_requests or report.executions:
             log.info("retention removed %s", report)
         return report

@@ -17,7 +17,13 @@ from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import RedisClient, is_cluster
 from airuntime.core.reply_text import reply_text
 
-__all__ = ["LayoutMismatch", "buckets_for", "check_layout", "execution_keys_for"]
+__all__ = [
+    "LayoutMismatch",
+    "buckets_for",
+    "check_layout",
+    "check_recorded",
+    "execution_keys_for",
+]
 
 
 class LayoutMismatch(ConfigError):
@@ -37,16 +43,21 @@ def execution_keys_for(client: RedisClient, execution_id: str) -> keys.Execution
 async def check_layout(client: RedisClient) -> int:
     """Record the bucket count if none is recorded yet; raise :class:`LayoutMismatch`
     when another one is. Returns the bucket count."""
-    buckets = buckets_for(client)
-    key = keys.execution_layout()
+    return await check_recorded(client, keys.execution_layout(), buckets_for(client), "executions")
+
+
+async def check_recorded(client: RedisClient, key: str, buckets: int, what: str) -> int:
+    """Record ``buckets`` at ``key`` unless a count is recorded; raise
+    :class:`LayoutMismatch` naming ``what`` when another count is (the guard of every
+    bucketed layout: executions, the run index)."""
     await client.set(key, str(buckets), nx=True)
     raw = await client.get(key)
     found = reply_text(raw)
     if found != str(buckets):
         raise LayoutMismatch(
-            f"{key} says the executions here were written with {found} bucket(s), this "
+            f"{key} says the {what} here were written with {found} bucket(s), this "
             f"client uses {buckets} ({'cluster' if buckets > 1 else 'standalone'}): "
-            "moving between a standalone server and a cluster needs the executions "
+            f"moving between a standalone server and a cluster needs the {what} "
             "drained (or the keys migrated), not a restart with another URL."
         )
     return buckets

@@ -93,12 +93,19 @@ touches keys of one hash slot, so it runs on a Redis Cluster
 
 * **The control slot** ``{air}`` (``CONTROL`` = ``air:{air}``): records that scripts and
   transactions combine with their indexes -- the instance registry, tenant settings,
-  the runtime run index, shared runs and scale-out requests. Per run this is a
-  handful of writes (submit, dispatch, accept/start/finish, the end), against the
-  per-step traffic of the execution keys, which spread by ``{e:<E>}``. The run index
-  is not sharded by RunId yet: acceptRun/startRun/finishRun update the run record
-  together with the global state, tenant and retention indexes, the instance queue
-  and the outcome stream, atomically.
+  shared runs and scale-out requests. Per run this is a few writes (submit, dispatch,
+  the end), against the per-step traffic of the execution keys, which spread by
+  bucket.
+* **Per run bucket** (the runtime run index, sharded by RunId): run ``R`` belongs to
+  bucket ``crc32(RunId) % R`` (:data:`CLUSTER_RUN_BUCKETS` = 16 on a cluster, where
+  ``air:{air}`` in the run rows below reads ``air:{rb:<b>:<n>}``; 1 on a standalone
+  server, where every key keeps its ``air:{air}:*`` name). A RunId is drawn in its
+  SharedRunId's bucket, so the record, the mapping, the bucket's state / tenant /
+  retention indexes and its outcome stream are one slot for acceptRun-4, startRun-3,
+  finishRun-6 and adoptRun-1; readers iterate the buckets; ``air:run-layout`` records
+  ``R`` (:mod:`airuntime.core.run_layout`). The local queue of an instance (runs of
+  every bucket; on a cluster ``air:{iq:<id>}:queue``) is pushed / cleaned after those
+  scripts, and what a crash in between leaves is repaired (:mod:`airuntime.fleet.run_index`).
 * **Per tenant** ``{q:<tenant>}``: the shared queue, the control plane's hot path
   (every pump cycle). Each tenant's queue is its own slot; the tenant index
   ``air:{air}:squeue:tenants`` lets the pumps see every tenant
@@ -116,22 +123,23 @@ key                                 type    content / written by
                                             unregister (transaction with the descriptor).
 ``air:{air}:instance:<id>``         string  InstanceDescriptor JSON stamped with Redis time,
                                             PX = heartbeat TTL. publishInstance-2.lua;
-                                            unregister; adoptRun-2.lua reads it (alive?).
+                                            unregister; RunIndex.adopt reads it (alive?).
 ``air:{air}:tenants``               set     tenant ids with stored settings. registry
                                             (transaction with the settings).
 ``air:{air}:tenant:<id>:settings``  string  TenantSettings JSON. registry (local YAML /
                                             operator).
-``air:{air}:run:<RunId>``           hash    run execution index record + request.
-                                            acceptRun-5 creates it, startRun-4/finishRun-7/
-                                            adoptRun-2 change it; finishRun sets its TTL =
+``air:{air}:run:<RunId>``           hash    run execution index record + request (run
+                                            bucket). acceptRun-4 creates it, startRun-3/
+                                            finishRun-6/adoptRun-1 change it; finishRun
+                                            sets its TTL =
                                             the runtime's run retention
                                             (``AIRUNTIME_RUN_RETENTION_S``, 7 d).
-``air:{air}:shared-run:<SRID>``     string  RunId accepted for a SharedRunId. acceptRun-5
+``air:{air}:shared-run:<SRID>``     string  RunId accepted for a SharedRunId. acceptRun-4
                                             (one step with the record); TTL = run retention
-                                            from finishRun-7.
+                                            from finishRun-6.
 ``air:{air}:instance:<id>:queue``   list    RunIds accepted by an instance, not yet
-                                            started. acceptRun pushes, startRun/finishRun
-                                            remove (an empty list is no key).
+                                            started. RunIndex.accept pushes, start/finish
+                                            remove, the adoption sweep re-pushes a lost one.
 ``air:{air}:runs:<state>``          zset    RunIds queued / running (adoption scans).
                                             acceptRun adds, startRun moves, finishRun
                                             removes.
@@ -142,8 +150,9 @@ key                                 type    content / written by
                                             end of retention (Redis time, ms). finishRun
                                             adds, ``RunIndex.prune`` removes.
 ``air:{air}:run-outcomes``          stream  one entry per finished runtime run (RunOutcome):
-                                            finishRun-7 (MAXLEN ~ OUTCOMES_MAXLEN); the
-                                            control plane reads it (consumer group).
+                                            finishRun-6 (MAXLEN ~ OUTCOMES_MAXLEN); the
+                                            control plane reads each (consumer group).
+``air:run-layout``                  string  run bucket count R, SET NX by the first accept.
 ``air:{air}:srun:<SRID>``           string  SharedRun JSON. submitSharedRun-5; compare-and-
                                             set transactions (WATCH) with the indexes below.
 ``air:{air}:sruns[:tenant:<t>]``    zset    shared runs by creation time (all / per tenant).
@@ -199,9 +208,8 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from functools import cache
 
-from redis.crc import key_slot
+from airuntime.core.bucket_tags import bucket_tags
 
 PREFIX = "air"
 
@@ -239,24 +247,6 @@ CLUSTER_EXECUTION_BUCKETS = 128
 """Execution buckets on a Redis Cluster (1 on a standalone server). Fixed: a
 deployment's executions are written under it, see :func:`execution_layout`."""
 
-_SLOTS = 16384
-
-
-@cache
-def _bucket_tags(buckets: int) -> tuple[str, ...]:
-    """The hash tag of each bucket: ``x:<b>:<n>`` with the smallest ``n`` whose hash
-    slot falls in the b-th of ``buckets`` equal slot ranges, so buckets spread evenly
-    over shards that own equal slot ranges (plain ``x:<b>`` tags would not: 39/39/50
-    of 128 on three shards)."""
-    tags: list[str] = []
-    for b in range(buckets):
-        low, high = b * _SLOTS // buckets, (b + 1) * _SLOTS // buckets
-        n = 0
-        while not low <= key_slot(f"x:{b}:{n}".encode()) < high:
-            n += 1
-        tags.append(f"x:{b}:{n}")
-    return tuple(tags)
-
 
 @dataclass(frozen=True, slots=True)
 class ExecutionBucket:
@@ -269,7 +259,7 @@ class ExecutionBucket:
     def prefix(self) -> str:
         if self.buckets == 1:
             return PREFIX
-        return f"{PREFIX}:{{{_bucket_tags(self.buckets)[self.index]}}}"
+        return f"{PREFIX}:{{{bucket_tags(self.buckets, 'x')[self.index]}}}"
 
     @property
     def executions(self) -> str:
@@ -422,16 +412,76 @@ def tenant_settings(tenant_id: str) -> str:
     return f"{CONTROL}:tenant:{tenant_id}:settings"
 
 
-def run(run_id: str) -> str:
-    return f"{CONTROL}:run:{run_id}"
+CLUSTER_RUN_BUCKETS = 16
+"""Run index buckets on a Redis Cluster (1 standalone). Fixed: see :func:`run_layout`."""
 
 
-def shared_run_to_run(shared_run_id: str) -> str:
-    return f"{CONTROL}:shared-run:{shared_run_id}"
+@dataclass(frozen=True, slots=True)
+class RunBucket:
+    """One slot's share of the runtime run index (see module doc)."""
+
+    index: int
+    buckets: int = 1
+
+    @property
+    def prefix(self) -> str:
+        if self.buckets == 1:
+            return CONTROL
+        return f"{PREFIX}:{{{bucket_tags(self.buckets, 'rb')[self.index]}}}"
+
+    def run(self, run_id: str) -> str:
+        return f"{self.prefix}:run:{run_id}"
+
+    def shared_run_to_run(self, shared_run_id: str) -> str:
+        return f"{self.prefix}:shared-run:{shared_run_id}"
+
+    def in_state(self, state: str) -> str:
+        return f"{self.prefix}:runs:{state}"
+
+    def by_tenant(self, tenant_id: str) -> str:
+        return f"{self.prefix}:runs:tenant:{tenant_id}"
+
+    @property
+    def retention(self) -> str:
+        return f"{self.prefix}:runs:retention"
+
+    @property
+    def outcomes(self) -> str:
+        return f"{self.prefix}:run-outcomes"
 
 
-def instance_queue(instance_id: str) -> str:
-    return f"{CONTROL}:instance:{instance_id}:queue"
+def run_buckets(buckets: int = 1) -> list[RunBucket]:
+    """Every run bucket of a layout of ``buckets`` (what index readers iterate)."""
+    if buckets < 1:
+        raise ValueError(f"buckets must be >= 1, not {buckets}")
+    return [RunBucket(i, buckets) for i in range(buckets)]
+
+
+def run_bucket_of(run_or_shared_run_id: str, buckets: int = 1) -> RunBucket:
+    """The bucket of a RunId or a SharedRunId (crc32 of the id)."""
+    if buckets == 1:
+        return RunBucket(0, 1)
+    return RunBucket(zlib.crc32(run_or_shared_run_id.encode()) % buckets, buckets)
+
+
+def run_layout() -> str:
+    """The run bucket count, set once like :func:`execution_layout`."""
+    return f"{PREFIX}:run-layout"
+
+
+def run(run_id: str, buckets: int = 1) -> str:
+    return run_bucket_of(run_id, buckets).run(run_id)
+
+
+def shared_run_to_run(shared_run_id: str, buckets: int = 1) -> str:
+    return run_bucket_of(shared_run_id, buckets).shared_run_to_run(shared_run_id)
+
+
+def instance_queue(instance_id: str, buckets: int = 1) -> str:
+    """An instance's local queue: the control slot standalone, ``{iq:<id>}`` on a cluster."""
+    if buckets == 1:
+        return f"{CONTROL}:instance:{instance_id}:queue"
+    return f"{PREFIX}:{{iq:{instance_id}}}:queue"
 
 
 def instance_inbox(instance_id: str) -> str:
@@ -451,14 +501,6 @@ def assist_lease(execution_id: str, instance_id: str) -> str:
 def prefix_sequence(prefix: str) -> str:
     """The counter that numbers the instance ids ``<prefix>-<n>``."""
     return f"{PREFIX}:prefix:{prefix}:seq"
-
-
-def runs_in_state(state: str) -> str:
-    return f"{CONTROL}:runs:{state}"
-
-
-def runs_by_tenant(tenant_id: str) -> str:
-    return f"{CONTROL}:runs:tenant:{tenant_id}"
 
 
 def shared_run(shared_run_id: str) -> str:
@@ -517,11 +559,6 @@ def control_plane() -> str:
     return f"{PREFIX}:control-plane"
 
 
-def run_outcomes() -> str:
-    """Stream of finished runtime runs, read by the control plane."""
-    return f"{CONTROL}:run-outcomes"
-
-
 def control_channel() -> str:
     """Pub/sub channel announcing execution control changes (payload: execution id)."""
     return f"{PREFIX}:control"
@@ -530,11 +567,6 @@ def control_channel() -> str:
 def suspect_instance(instance_id: str) -> str:
     """Delivery-failure record of an instance that admission should skip for a while."""
     return f"{PREFIX}:suspect:{instance_id}"
-
-
-def runs_retention() -> str:
-    """Finished runs (``<tenant>:<RunId>``) by the end of their retention (ms)."""
-    return f"{CONTROL}:runs:retention"
 
 
 def shared_runs_open() -> str:

@@ -2,9 +2,10 @@
 
 Why this module exists: the shared run (control plane) and the run (runtime) are
 different records in different hands. When a runtime run reaches a terminal state the
-runtime appends a :class:`RunOutcome` to one stream (``air:{air}:run-outcomes``) in the same
-transaction that marks the run finished in the run index, so the outcome exists
-exactly when the run is finished. The control plane reads the stream with a consumer
+runtime appends a :class:`RunOutcome` to its run bucket's stream (``air:{air}:run-outcomes``
+on a standalone server, one per run bucket on a cluster) in the same script that marks
+the run finished in the run index, so the outcome exists exactly when the run is
+finished. The control plane reads the streams with a consumer
 group (acknowledging after it ended the shared run), and a periodic reconciliation of
 Dispatched shared runs against the run index covers an outcome it never saw.
 """

@@ -5,22 +5,33 @@ instance (another one adopts it), must be accepted once whatever delivers it how
 must tell the control plane when it ends, and must not stay in Redis forever. Every
 change of a run is therefore one Lua script, so nothing is ever half-written:
 
-* ``acceptRun-5.lua`` -- idempotent by SharedRunId: the existing RunId, or the mapping,
-  the record, the index entries and the queue entry, all at once;
-* ``startRun-4.lua`` -- the head of a local queue becomes running with its ExecutionId,
+* ``acceptRun-4.lua`` -- idempotent by SharedRunId: the existing RunId, or the mapping,
+  the record and the index entries, all at once;
+* ``startRun-3.lua`` -- the head of a local queue becomes running with its ExecutionId,
   only if it is still queued and still that instance's;
-* ``finishRun-7.lua`` -- terminal status, out of the indexes and the queue, the
+* ``finishRun-6.lua`` -- terminal status, out of the indexes, the
   :class:`~airuntime.fleet.outcomes.RunOutcome` appended, retention started;
-* ``adoptRun-2.lua`` -- ownership moves from a dead (unregistered) instance to a live
+* ``adoptRun-1.lua`` -- ownership moves from a dead (unregistered) instance to a live
   one (compare-and-set).
 
 Keys (the table in :mod:`airuntime.core.keys` names each one's owner): the run hash
-``air:{air}:run:<RunId>`` (record + request, so another instance can adopt the run), the
-mapping ``air:{air}:shared-run:<SharedRunId>``, the local queue ``air:{air}:instance:<id>:queue``,
-the state indexes ``air:{air}:runs:queued|running``, the tenant index
-``air:{air}:runs:tenant:<tenant>`` and the retention index ``air:{air}:runs:retention``. Like the
-registry, the run index lives in the control slot (``{air}``): each of its scripts
-touches one hash slot, so it runs on a Redis Cluster, on one shard.
+``<bucket>:run:<RunId>`` (record + request, so another instance can adopt the run), the
+mapping ``<bucket>:shared-run:<SharedRunId>``, the state indexes
+``<bucket>:runs:queued|running``, the tenant index ``<bucket>:runs:tenant:<tenant>``, the
+retention index ``<bucket>:runs:retention`` and the outcome stream
+``<bucket>:run-outcomes``, where ``<bucket>`` is the control slot ``air:{air}`` on a
+standalone server and one of :data:`~airuntime.core.keys.CLUSTER_RUN_BUCKETS` slots
+``air:{rb:<b>:<n>}`` on a cluster (``b`` = crc32(RunId) % 16; a RunId is drawn in its
+SharedRunId's bucket, so every script touches one slot and the run index spreads over
+the shards). Readers of the indexes iterate the buckets.
+
+The local queue ``...instance:<id>:queue`` holds runs of every bucket, so it is in
+its own slot on a cluster, and each transition that touches it is two single-slot
+steps: the script in the run's bucket, then the queue push (accept) or removal (start,
+finish). A crash between them leaves either a queue entry of a run that is no longer
+queued there -- the controller drops it when it reaches it -- or, after acceptance, a
+queued run in no queue, which its owner's periodic sweep (:meth:`RunIndex.repair_queue`)
+pushes. No run is lost; none starts twice (only ``startRun`` starts one, once).
 
 Retention: a finished run's record and mapping expire after ``retention_s`` (Redis
 TTL); its tenant index entry is removed by :meth:`RunIndex.prune`, which every runtime
@@ -34,7 +45,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
 from airuntime.core import keys
@@ -42,6 +52,7 @@ from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import AirError, ScriptError
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
+from airuntime.core.run_layout import check_run_layout, new_run_id, run_buckets_for
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
@@ -87,53 +98,89 @@ class RunIndex:
         self.redis = redis
         self.scripts = scripts or library()
         self.retention_s = retention_s
+        self.buckets = run_buckets_for(redis)
+        self._layout_checked = False
+
+    def run_key(self, run_id: str) -> str:
+        """The record of ``run_id`` in this client's layout."""
+        return keys.run(run_id, self.buckets)
+
+    def queue_key(self, instance_id: str) -> str:
+        """The local queue of ``instance_id`` in this client's layout."""
+        return keys.instance_queue(instance_id, self.buckets)
+
+    def outcome_streams(self) -> list[str]:
+        """The outcome stream of every bucket (one on a standalone server)."""
+        return [b.outcomes for b in keys.run_buckets(self.buckets)]
 
     # -- writes ------------------------------------------------------------------------
+
+    async def _check_layout(self) -> None:
+        if not self._layout_checked:
+            await check_run_layout(self.redis)
+            self._layout_checked = True
 
     async def accept(
         self, instance_id: str, request: RunRequest, *, queue_capacity: int = 2**31
     ) -> tuple[str, bool]:
-        """Queue ``request`` on ``instance_id`` in one step; return (RunId, created).
+        """Queue ``request`` on ``instance_id``; return (RunId, created).
 
         Idempotent by SharedRunId: every delivery after the first, to any instance,
         returns the first RunId and writes nothing. Raises :class:`QueueFull` when the
-        local queue already holds ``queue_capacity`` runs, :class:`SharedRunConflict`
-        when the SharedRunId's run belongs to another tenant.
+        local queue already holds ``queue_capacity`` runs (read just before the script:
+        concurrent accepts on one instance may overshoot it by the accepts in flight),
+        :class:`SharedRunConflict` when the SharedRunId's run belongs to another tenant.
         """
-        call = self._accept_call(instance_id, request, queue_capacity)
-        reply: Any = await self.scripts.call(self.redis, "acceptRun", *call)
-        return await self._accepted(instance_id, request, queue_capacity, reply)
+        answer = (await self._accept_all(instance_id, [request], queue_capacity))[0]
+        if isinstance(answer, QueueFull | SharedRunConflict):
+            raise answer
+        return answer
 
     async def accept_many(
         self, instance_id: str, requests: list[RunRequest], *, queue_capacity: int = 2**31
     ) -> list[tuple[str, bool] | QueueFull | SharedRunConflict]:
-        """:meth:`accept` for a batch delivered to one instance, in one round trip (each
-        run still accepted atomically on its own, in order); one answer per request."""
-        calls = [self._accept_call(instance_id, r, queue_capacity) for r in requests]
+        """:meth:`accept` for a batch delivered to one instance, in one round trip per
+        step (each run still accepted atomically on its own, in order; the created
+        ones are pushed to the queue in that order); one answer per request."""
+        return await self._accept_all(instance_id, requests, queue_capacity)
+
+    async def _accept_all(
+        self, instance_id: str, requests: list[RunRequest], capacity: int
+    ) -> list[tuple[str, bool] | QueueFull | SharedRunConflict]:
+        if not requests:
+            return []
+        await self._check_layout()
+        # The queue is in another slot than the runs: its room is read first (a batch
+        # takes room in order), the created runs are pushed after their scripts.
+        room = capacity - int(await self.redis.llen(self.queue_key(instance_id)))
+        calls = [self._accept_call(instance_id, r, i < room) for i, r in enumerate(requests)]
         replies = await self.scripts.call_many(self.redis, "acceptRun", calls)
+        created = [_s(r[1]) for r in replies if not isinstance(r, Exception) and int(r[0]) == 1]
+        if created:
+            await self.redis.rpush(self.queue_key(instance_id), *created)
         out: list[tuple[str, bool] | QueueFull | SharedRunConflict] = []
         for request, reply in zip(requests, replies, strict=True):
             if isinstance(reply, Exception):
                 raise reply
             try:
-                out.append(await self._accepted(instance_id, request, queue_capacity, reply))
+                out.append(await self._accepted(instance_id, request, capacity, reply))
             except (QueueFull, SharedRunConflict) as exc:
                 out.append(exc)
         return out
 
-    @staticmethod
     def _accept_call(
-        instance_id: str, request: RunRequest, queue_capacity: int
+        self, instance_id: str, request: RunRequest, room: bool
     ) -> tuple[list[str], list[str | int]]:
+        """Keys and arguments of acceptRun (without the queue push: see the script)."""
         snap = request.snapshot
-        candidate = f"run-{uuid.uuid4().hex}"
+        candidate = new_run_id(request.shared_run_id, self.buckets)
+        bucket = keys.run_bucket_of(candidate, self.buckets)
         return (
             [
-                keys.shared_run_to_run(request.shared_run_id),
-                keys.run(candidate),
-                keys.runs_by_tenant(snap.tenant_id),
-                keys.runs_in_state(RunStatus.QUEUED),
-                keys.instance_queue(instance_id),
+                bucket.shared_run_to_run(request.shared_run_id),
+                bucket.run(candidate),
+                bucket.by_tenant(snap.tenant_id),
+                bucket.in_state(RunStatus.QUEUED),
             ],
             [
                 candidate,
@@ -144,9 +191,19 @@ class RunIndex:
                 snap.model_dump_json(),
                 json.dumps(request.metadata),
                 request.model_dump_json(),
-                queue_capacity,
+                "1" if room else "0",
             ],
         )
+
+    async def create_unqueued(self, instance_id: str, request: RunRequest) -> str | None:
+        """Only the first step of :meth:`accept` (the record, the mapping, the indexes;
+        not the queue push): what a caller that dies between the two leaves behind.
+        For tests of :meth:`repair_queue`; the RunId, or None if the SharedRunId had one."""
+        await self._check_layout()
+        reply: Any = await self.scripts.call(
+            self.redis, "acceptRun", *self._accept_call(instance_id, request, True)
+        )
+        return _s(reply[1]) if int(reply[0]) == 1 else None
 
     async def _accepted(
         self, instance_id: str, request: RunRequest, queue_capacity: int, reply: Any
@@ -160,7 +217,7 @@ class RunIndex:
         if code != 0:
             raise ScriptError(f"acceptRun returned {reply!r}")
         existing = _s(reply[1])
-        owner = await self.redis.hget(keys.run(existing), "tenant_id")
+        owner = await self.redis.hget(self.run_key(existing), "tenant_id")
         if owner is not None and _s(owner) != snap.tenant_id:
             raise SharedRunConflict(
                 f"SharedRunId {request.shared_run_id} already has a run of another tenant; "
@@ -170,44 +227,39 @@ class RunIndex:
 
     async def start_many(self, instance_id: str, starts: list[tuple[str, str]]) -> list[bool]:
         """:meth:`start` of many ``(run_id, execution_id)`` in one round trip (each run
-        started atomically on its own); one answer per run."""
-        replies = await self.scripts.call_many(
-            self.redis, "startRun", [self._start_call(instance_id, r, e) for r, e in starts]
-        )
+        started atomically on its own), then out of the local queue; one answer per
+        run."""
+        if not starts:
+            return []
+        calls = []
+        for run_id, execution_id in starts:
+            bucket = keys.run_bucket_of(run_id, self.buckets)
+            calls.append(
+                (
+                    [
+                        bucket.run(run_id),
+                        bucket.in_state(RunStatus.QUEUED),
+                        bucket.in_state(RunStatus.RUNNING),
+                    ],
+                    [run_id, instance_id, execution_id],
+                )
+            )
+        replies = await self.scripts.call_many(self.redis, "startRun", calls)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
+        # Started or not, each leaves the queue (see startRun); a crash before this
+        # leaves entries of runs that are not queued, which the controller drops.
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id, _ in starts:
+            pipe.lrem(self.queue_key(instance_id), 0, run_id)
+        await pipe.execute()
         return [int(reply[0]) == 1 for reply in replies]
-
-    @staticmethod
-    def _start_call(
-        instance_id: str, run_id: str, execution_id: str
-    ) -> tuple[list[str], list[str]]:
-        return (
-            [
-                keys.run(run_id),
-                keys.instance_queue(instance_id),
-                keys.runs_in_state(RunStatus.QUEUED),
-                keys.runs_in_state(RunStatus.RUNNING),
-            ],
-            [run_id, instance_id, execution_id],
-        )
 
     async def start(self, instance_id: str, run_id: str, execution_id: str) -> bool:
         """Start ``run_id`` on ``instance_id`` with ``execution_id``; False when it is no
         longer queued there (it only left the queue)."""
-        reply: Any = await self.scripts.call(
-            self.redis,
-            "startRun",
-            [
-                keys.run(run_id),
-                keys.instance_queue(instance_id),
-                keys.runs_in_state(RunStatus.QUEUED),
-                keys.runs_in_state(RunStatus.RUNNING),
-            ],
-            [run_id, instance_id, execution_id],
-        )
-        return int(reply[0]) == 1
+        return (await self.start_many(instance_id, [(run_id, execution_id)]))[0]
 
     async def finish(
         self,
@@ -219,21 +271,22 @@ class RunIndex:
         step_slots: dict[str, int] | None = None,
         only_if: RunStatus | None = None,
     ) -> bool:
-        """Mark the run terminal and append its RunOutcome, in one step; False when it
-        was already terminal (or not in ``only_if``): then nothing changed."""
+        """Mark the run terminal and append its RunOutcome, in one step (then a run that
+        was queued leaves its queue); False when it was already terminal (or not in
+        ``only_if``): then nothing changed."""
         if not status.terminal:
             raise ValueError(f"finish needs a terminal status, got {status.value}")
+        bucket = keys.run_bucket_of(record.run_id, self.buckets)
         reply: Any = await self.scripts.call(
             self.redis,
             "finishRun",
             [
-                keys.run(record.run_id),
-                keys.runs_in_state(RunStatus.QUEUED),
-                keys.runs_in_state(RunStatus.RUNNING),
-                keys.run_outcomes(),
-                keys.shared_run_to_run(record.shared_run_id),
-                keys.runs_retention(),
-                keys.instance_queue(record.instance_id),
+                bucket.run(record.run_id),
+                bucket.in_state(RunStatus.QUEUED),
+                bucket.in_state(RunStatus.RUNNING),
+                bucket.outcomes,
+                bucket.shared_run_to_run(record.shared_run_id),
+                bucket.retention,
             ],
             [
                 record.run_id,
@@ -246,7 +299,11 @@ class RunIndex:
                 only_if.value if only_if is not None else "",
             ],
         )
-        return int(reply[0]) == 1
+        if int(reply[0]) != 1:
+            return False
+        if _s(reply[2]) == RunStatus.QUEUED.value:
+            await self.remove_queued(record.instance_id, record.run_id)
+        return True
 
     async def mark_finished(
         self, run_id: str, status: RunStatus, reason: str | None = None
@@ -265,69 +322,116 @@ class RunIndex:
         )
 
     async def set_metadata(self, run_id: str, values: dict[str, str]) -> None:
-        raw = await self.redis.hget(keys.run(run_id), "metadata")
+        raw = await self.redis.hget(self.run_key(run_id), "metadata")
         if raw is None:
             return  # gone (retention): never recreate a record without its TTL
         merged = {**json.loads(raw), **values}
-        await self.redis.hset(keys.run(run_id), "metadata", json.dumps(merged, sort_keys=True))
+        await self.redis.hset(self.run_key(run_id), "metadata", json.dumps(merged, sort_keys=True))
 
     async def remove_queued(self, instance_id: str, run_id: str) -> bool:
-        return int(await self.redis.lrem(keys.instance_queue(instance_id), 1, run_id)) > 0
+        return int(await self.redis.lrem(self.queue_key(instance_id), 0, run_id)) > 0
 
     async def requeue(self, instance_id: str, run_id: str) -> None:
         """Put an adopted queued run at the end of ``instance_id``'s queue."""
-        await self.redis.rpush(keys.instance_queue(instance_id), run_id)
+        await self.redis.rpush(self.queue_key(instance_id), run_id)
 
     async def adopt(self, run_id: str, dead_instance: str, new_instance: str) -> bool:
         """Compare-and-set ownership from a dead instance to ``new_instance``; refused
-        while ``dead_instance`` is registered."""
+        while ``dead_instance`` is registered (checked just before: the descriptor is
+        in another slot than the run on a cluster, see adoptRun)."""
+        if await self.redis.exists(keys.instance(dead_instance)):
+            return False
         reply = await self.scripts.call(
             self.redis,
             "adoptRun",
-            [keys.run(run_id), keys.instance(dead_instance)],
+            [self.run_key(run_id)],
             [dead_instance, new_instance, int(time.time() * 1000)],
         )
         return int(reply) == 1
 
+    async def repair_queue(
+        self, instance_id: str, own_queued: list[str], *, min_age_ms: int
+    ) -> list[str]:
+        """Push the runs of ``own_queued`` (runs this instance owns, read as queued from
+        the indexes before this call) that are missing from its queue and were accepted
+        (or adopted) at least ``min_age_ms`` ago by Redis time: what a crash between
+        acceptance's two steps (or an adoption's) leaves behind. Returns them.
+
+        A run is queued in its bucket just before it is pushed, so a young run missing
+        here is most likely being accepted right now: the age keeps the sweep from
+        pushing it a second time. A duplicate entry would still be harmless (the first
+        start removes every entry of a run, the controller drops an entry of a run that
+        is not queued); a run lost for good waits ``min_age_ms`` at most one sweep more."""
+        if not own_queued:
+            return []
+        queued = {_s(r) for r in await self.redis.lrange(self.queue_key(instance_id), 0, -1)}
+        missing = [r for r in own_queued if r not in queued]
+        if not missing:
+            return []
+        seconds, micros = await self.redis.time()
+        oldest_ms = int(seconds) * 1000 + int(micros) // 1000 - min_age_ms
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in missing:
+            pipe.hmget(
+                self.run_key(run_id), "status", "instance_id", "created_at_ms", "adopted_at_ms"
+            )
+        lost = [
+            run_id
+            for run_id, (status, owner, created, adopted) in zip(
+                missing, await pipe.execute(), strict=True
+            )
+            if status is not None
+            and _s(status) == RunStatus.QUEUED.value
+            and owner is not None
+            and _s(owner) == instance_id
+            and max(int(created or 0), int(adopted or 0)) <= oldest_ms
+        ]
+        if lost:
+            await self.redis.rpush(self.queue_key(instance_id), *lost)
+        return lost
+
     async def prune(self, *, limit: int = 1000) -> int:
         """The retention sweep: remove the tenant index entries (and what is left of the
-        records) of runs whose retention has passed, by Redis time; how many."""
+        records) of runs whose retention has passed, by Redis time, in every bucket
+        (up to ``limit`` per bucket); how many."""
         seconds, micros = await self.redis.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        due = await self.redis.zrangebyscore(
-            keys.runs_retention(), "-inf", now_ms, start=0, num=limit
-        )
-        if not due:
-            return 0
         pipe = self.redis.pipeline(transaction=False)
-        for member in map(_s, due):
-            tenant_id, _, run_id = member.partition(":")
-            pipe.zrem(keys.runs_by_tenant(tenant_id), run_id)
-            pipe.unlink(keys.run(run_id))
-            pipe.zrem(keys.runs_retention(), member)
-        await pipe.execute()
-        return len(due)
+        buckets = keys.run_buckets(self.buckets)
+        for bucket in buckets:
+            pipe.zrangebyscore(bucket.retention, "-inf", now_ms, start=0, num=limit)
+        dues = await pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        total = 0
+        for bucket, due in zip(buckets, dues, strict=True):
+            for member in map(_s, due):
+                tenant_id, _, run_id = member.partition(":")
+                pipe.zrem(bucket.by_tenant(tenant_id), run_id)
+                pipe.execute_command("UNLINK", bucket.run(run_id))  # cluster pipelines: one key
+                pipe.zrem(bucket.retention, member)
+            total += len(due)
+        if total:
+            await pipe.execute()
+        return total
 
     # -- reads -------------------------------------------------------------------------
 
     async def queue_length(self, instance_id: str) -> int:
-        return int(await self.redis.llen(keys.instance_queue(instance_id)))
+        return int(await self.redis.llen(self.queue_key(instance_id)))
 
     async def queue_head(self, instance_id: str, count: int) -> list[str]:
         """The first ``count`` runs of ``instance_id``'s queue, left in place."""
         if count < 1:
             return []
-        return [
-            _s(r) for r in await self.redis.lrange(keys.instance_queue(instance_id), 0, count - 1)
-        ]
+        return [_s(r) for r in await self.redis.lrange(self.queue_key(instance_id), 0, count - 1)]
 
     async def head_of_queue(self, instance_id: str) -> str | None:
         """The next run of ``instance_id``'s queue, left in place (:meth:`start` takes it)."""
-        raw = await self.redis.lindex(keys.instance_queue(instance_id), 0)
+        raw = await self.redis.lindex(self.queue_key(instance_id), 0)
         return _s(raw) if raw is not None else None
 
     async def _load(self, run_id: str) -> tuple[RunRecord, RunRequest] | None:
-        return _parse(await self.redis.hgetall(keys.run(run_id)))
+        return _parse(await self.redis.hgetall(self.run_key(run_id)))
 
     async def load_many(
         self, run_ids: list[str]
@@ -336,7 +440,7 @@ class RunIndex:
         record), in one round trip; no tenant check (the owning instance)."""
         pipe = self.redis.pipeline(transaction=False)
         for run_id in run_ids:
-            pipe.hgetall(keys.run(run_id))
+            pipe.hgetall(self.run_key(run_id))
         out: list[tuple[RunRecord, RunRequest] | ValueError | None] = []
         for raw in await pipe.execute():
             try:
@@ -357,21 +461,23 @@ class RunIndex:
         return await self._load(run_id)
 
     async def run_for_shared(self, shared_run_id: str) -> str | None:
-        raw = await self.redis.get(keys.shared_run_to_run(shared_run_id))
+        raw = await self.redis.get(keys.shared_run_to_run(shared_run_id, self.buckets))
         return _s(raw) if raw is not None else None
 
     async def runs_for_shared(self, shared_run_ids: list[str]) -> list[str | None]:
-        """:meth:`run_for_shared` for many SharedRunIds in one call."""
+        """:meth:`run_for_shared` for many SharedRunIds in one round trip."""
         if not shared_run_ids:
             return []
-        raws = await self.redis.mget([keys.shared_run_to_run(i) for i in shared_run_ids])
-        return [_s(r) if r is not None else None for r in raws]
+        pipe = self.redis.pipeline(transaction=False)
+        for srid in shared_run_ids:
+            pipe.get(keys.shared_run_to_run(srid, self.buckets))
+        return [_s(r) if r is not None else None for r in await pipe.execute()]
 
     async def owners(self, run_ids: list[str]) -> list[tuple[str | None, str | None]]:
         """(status, instance id) of each run (Nones: no record), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for run_id in run_ids:
-            pipe.hmget(keys.run(run_id), "status", "instance_id")
+            pipe.hmget(self.run_key(run_id), "status", "instance_id")
         return [
             (_s(st) if st is not None else None, _s(iid) if iid is not None else None)
             for st, iid in await pipe.execute()
@@ -381,20 +487,39 @@ class RunIndex:
         """The tenant of each run (None: no record), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for run_id in run_ids:
-            pipe.hget(keys.run(run_id), "tenant_id")
+            pipe.hget(self.run_key(run_id), "tenant_id")
         return [_s(r) if r is not None else None for r in await pipe.execute()]
 
     async def list_for_tenant(self, tenant_id: str, limit: int = 100) -> list[RunRecord]:
-        ids = await self.redis.zrevrange(keys.runs_by_tenant(tenant_id), 0, limit - 1)
+        """A tenant's newest ``limit`` runs, newest first (merged over the buckets)."""
+        ids = await self._merged([b.by_tenant(tenant_id) for b in self._buckets()], limit, True)
         out = []
         for rid in ids:
-            rec = await self.get_for_tenant(_s(rid), tenant_id)
+            rec = await self.get_for_tenant(rid, tenant_id)
             if rec is not None:
                 out.append(rec)
         return out
 
     async def in_state(self, status: RunStatus, limit: int = 1000) -> list[str]:
-        return [_s(r) for r in await self.redis.zrange(keys.runs_in_state(status), 0, limit - 1)]
+        """The oldest ``limit`` runs in ``status`` (queued / running), over the buckets."""
+        return await self._merged([b.in_state(status) for b in self._buckets()], limit, False)
+
+    def _buckets(self) -> list[keys.RunBucket]:
+        return keys.run_buckets(self.buckets)
+
+    async def _merged(self, zsets: list[str], limit: int, newest: bool) -> list[str]:
+        """The first ``limit`` members of several zsets by score (one round trip)."""
+        if limit < 1:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for key in zsets:
+            if newest:
+                pipe.zrevrange(key, 0, limit - 1, withscores=True)
+            else:
+                pipe.zrange(key, 0, limit - 1, withscores=True)
+        pairs = [(float(score), _s(m)) for reply in await pipe.execute() for m, score in reply]
+        pairs.sort(key=lambda p: -p[0] if newest else p[0])
+        return [m for _, m in pairs[:limit]]
 
 
 def _parse(raw: dict[Any, Any]) -> tuple[RunRecord, RunRequest] | None:

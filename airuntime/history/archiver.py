@@ -40,6 +40,7 @@ from airuntime.core import keys
 from airuntime.core.execution_layout import buckets_for
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
+from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
 from airuntime.history.errors import HistoryError, HistoryUnavailable
@@ -120,10 +121,11 @@ def _run_record(run_id: str, values: list[Any]) -> dict[str, str]:
 
 
 async def _read_run_records(redis: RedisClient, run_ids: list[str]) -> list[dict[str, str]]:
-    """The runtime's run records (``air:{air}:run:<RunId>``), one round trip."""
+    """The runtime's run records (``<run bucket>:run:<RunId>``), one round trip."""
+    buckets = run_buckets_for(redis)
     pipe = redis.pipeline(transaction=False)
     for rid in run_ids:
-        pipe.hmget(keys.run(rid), _RUN_FIELDS)
+        pipe.hmget(keys.run(rid, buckets), _RUN_FIELDS)
     return [_run_record(rid, v) for rid, v in zip(run_ids, await pipe.execute(), strict=True)]
 
 

@@ -28,6 +28,7 @@ from pydantic_settings import (
 )
 
 import airuntime
+from airuntime.core.redis_client import CLUSTER_ENV
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
 
@@ -76,6 +77,12 @@ class OperatorSettings(BaseSettings):
     """URL of the Redis the runtimes register in and tenant settings are published to
     (``AIRUNTIME_REDIS_URL``, required, no default). The operator only reads the
     registry and writes tenant settings; it never touches execution state."""
+
+    redis_cluster: bool = Field(default=False, validation_alias=CLUSTER_ENV)
+    """``AIRUNTIME_REDIS_CLUSTER=1`` (the chart's ``redis.cluster``): the Redis URL is a
+    Redis/Valkey Cluster's. The operator's own client follows it, and every runtime pod
+    gets the variable too (platform env), so a plain ``redis://`` seed URL works for
+    all of them. Default off."""
 
     kubeconfig: str | None = Field(default=None, validation_alias="KUBECONFIG")
     """Path of a kubeconfig file (``KUBECONFIG``). Default ``None``: the in-cluster
@@ -276,6 +283,8 @@ class OperatorSettings(BaseSettings):
         if self.history_secret:
             ref = {"name": self.history_secret, "key": self.history_secret_key}
             env.append({"name": HISTORY_DSN_ENV, "valueFrom": {"secretKeyRef": ref}})
+        if self.redis_cluster:
+            env.append({"name": CLUSTER_ENV, "value": "1"})
         return env
 
     @property

@@ -100,8 +100,8 @@ async def test_concurrent_pumps_dispatch_each_shared_run_exactly_once(
             await asyncio.wait_for(asyncio.gather(*tasks), 90)
 
             async def all_finished() -> bool:
-                return await valkey.zcard(keys.runs_in_state("queued")) == 0 and (
-                    await valkey.zcard(keys.runs_in_state("running")) == 0
+                return await valkey.zcard(keys.RunBucket(0).in_state("queued")) == 0 and (
+                    await valkey.zcard(keys.RunBucket(0).in_state("running")) == 0
                 )
 
             await wait_for(all_finished, timeout_s=60, what="1,000 runs to finish")
@@ -141,7 +141,7 @@ async def _assert_one_run_id_per_shared_run(
     assert pumped_by == +dispatched_by
     run_ids = [r.run_id for r in runs]
     assert len(set(run_ids)) == RUNS
-    raw_ids = await valkey.zrange(keys.runs_by_tenant("default"), 0, -1)
+    raw_ids = await valkey.zrange(keys.RunBucket(0).by_tenant("default"), 0, -1)
     index_ids = [rid.decode() for rid in raw_ids if isinstance(rid, bytes)]
     assert sorted(index_ids) == sorted(str(r) for r in run_ids)
     pipe = valkey.pipeline(transaction=False)
@@ -213,6 +213,6 @@ async def test_pump_dying_between_claim_and_settle_is_recovered_without_double_d
         assert body["run_id"] == first_run_id  # the runtime's SharedRunId idempotency
     else:
         assert body["pump_worker_id"] == "cp-live/pump-0"
-    assert await redis.zcard(keys.runs_by_tenant("default")) == 1
+    assert await redis.zcard(keys.RunBucket(0).by_tenant("default")) == 1
     assert await redis.zcard("air:executions") == 1
     assert body["run"]["status"] == "completed"

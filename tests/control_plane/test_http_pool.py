@@ -105,7 +105,7 @@ async def test_pooled_http_runtimes_take_fifty_hundred_step_runs_once_each_with_
     assert sorted(accepted) == sorted(r.shared_run_id for r in runs)
     assert set(accepted.values()) == {1}
     assert len({b["run_id"] for b in bodies.values()}) == RUNS
-    assert await valkey.zcard(keys.runs_by_tenant("default")) == RUNS
+    assert await valkey.zcard(keys.RunBucket(0).by_tenant("default")) == RUNS
     # The Redis admission reservation store was used for every dispatch.
     assert len(reservations) >= RUNS
     assert all(written for _, written in reservations)

@@ -76,7 +76,7 @@ def _outcome(run: SharedRun, status: RunStatus, **extra: Any) -> RunOutcome:
 
 
 async def _write(redis: Redis, outcome: RunOutcome) -> None:
-    await redis.xadd(keys.run_outcomes(), outcome.fields())  # type: ignore[arg-type]
+    await redis.xadd(keys.RunBucket(0).outcomes, outcome.fields())  # type: ignore[arg-type]
 
 
 def _ctx() -> LoopContext:
@@ -105,7 +105,7 @@ async def test_an_outcome_ends_the_shared_run_once_and_is_acknowledged(
     assert ended.status is shared_status and ended.execution_id == "ex-1"
     assert ended.finished_at_ms is not None
     assert ended.reason == ("step a failed" if runtime_status is RunStatus.FAILED else None)
-    pending = await redis.xpending(keys.run_outcomes(), OUTCOME_GROUP)
+    pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
     assert pending["pending"] == 0, "acknowledged only after the run was ended"
     assert await redis.zscore(keys.shared_runs_open(), run.shared_run_id) is None
     assert await redis.zscore(keys.shared_runs_finished(), run.shared_run_id) is not None
@@ -132,7 +132,7 @@ async def test_a_restarted_reader_handles_what_it_read_but_did_not_acknowledge(
     await reader.ensure_group()
     await _write(redis, _outcome(first, RunStatus.COMPLETED))
     # The reader died after reading, before ending the run and acknowledging:
-    await redis.xreadgroup(OUTCOME_GROUP, "cp-test", {keys.run_outcomes(): ">"}, count=10)
+    await redis.xreadgroup(OUTCOME_GROUP, "cp-test", {keys.RunBucket(0).outcomes: ">"}, count=10)
     assert (await cp.runs.require(first.shared_run_id)).status is SharedRunStatus.DISPATCHED
     await _write(redis, _outcome(second, RunStatus.FAILED))
 
@@ -142,7 +142,7 @@ async def test_a_restarted_reader_handles_what_it_read_but_did_not_acknowledge(
 
         async def both_ended_and_acknowledged() -> bool:
             a, b = await cp.runs.get_many([first.shared_run_id, second.shared_run_id])
-            pending = await redis.xpending(keys.run_outcomes(), OUTCOME_GROUP)
+            pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
             return a.status.terminal and b.status.terminal and pending["pending"] == 0
 
         await wait_for(both_ended_and_acknowledged, what="both runs ended, entries acked")
@@ -159,7 +159,7 @@ async def test_an_outcome_left_unacknowledged_by_a_dead_control_plane_is_taken_o
     dead = OutcomeReader(redis, cp.runs, "cp-dead", block_ms=10)
     await dead.ensure_group()
     await _write(redis, _outcome(run, RunStatus.COMPLETED))
-    await redis.xreadgroup(OUTCOME_GROUP, "cp-dead", {keys.run_outcomes(): ">"}, count=10)
+    await redis.xreadgroup(OUTCOME_GROUP, "cp-dead", {keys.RunBucket(0).outcomes: ">"}, count=10)
 
     alive = OutcomeReader(redis, cp.runs, "cp-alive", block_ms=10, claim_idle_ms=0)
     assert await alive.take_over_abandoned() == 1

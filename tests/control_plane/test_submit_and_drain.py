@@ -63,7 +63,7 @@ async def test_queue_first_submit_leaves_run_queued_globally_with_pending_item_a
         assert body["run_id"] is None and body["execution_id"] is None
         # No local run, no DAG state anywhere.
         assert await cp.run_index.run_for_shared(run.shared_run_id) is None
-        assert await redis.zcard(keys.runs_by_tenant("tenant-a")) == 0
+        assert await redis.zcard(keys.RunBucket(0).by_tenant("tenant-a")) == 0
         assert await redis.zcard("air:executions") == 0
         assert await cp.queue.pending_count() == 1
 

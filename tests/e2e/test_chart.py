@@ -548,6 +548,7 @@ def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) ->
     # airt control-plane reads the variables of its settings model (options override them).
     read = {Settings.env_var(field) for field in Settings.model_fields}
     read.add("AIRUNTIME_HOME")  # read by the shared core, not an option
+    read.add("AIRUNTIME_REDIS_CLUSTER")  # read by the shared Redis client (redis.cluster)
     read |= {HandlerSettings.env_var(field) for field in HandlerSettings.model_fields}
     (cp,) = [c for w, _, c in workloads(rendered) if component(w) == "control-plane"]
     unknown = sorted(set(env_of(cp)) - read)
@@ -806,6 +807,28 @@ def test_runtime_pods_get_the_history_dsn_through_the_operator_for_large_outputs
             assert "AIRUNTIME_HISTORY_DSN" not in runtime_env, history
         else:
             assert runtime_env["AIRUNTIME_HISTORY_DSN"] == {"secretKeyRef": expected}, history
+
+
+def test_redis_cluster_sets_the_cluster_env_on_every_process_and_runtime_pod(
+    render: Callable[..., list[Doc]],
+) -> None:
+    from airuntime.core.redis_client import CLUSTER_ENV
+    from airuntime_operator import OperatorSettings
+
+    cluster = {"redis": {"cluster": True, "external": {"secretName": "vc", "key": "url"}}}
+    for values, expected in ((None, None), (cluster, "1")):
+        docs = render(values)
+        seen = {component(w): env_of(c).get(CLUSTER_ENV) for w, _, c in workloads(docs)}
+        assert set(seen) >= {"control-plane", "operator"}, seen
+        for name in ("control-plane", "operator"):
+            got = seen[name]
+            assert (got["value"] if got else None) == expected, (values, name, got)
+        (op,) = [c for w, _, c in workloads(docs) if component(w) == "operator"]
+        env = {**_literal_env(op), "AIRUNTIME_REDIS_URL": "redis://valkey:6379/0"}
+        settings = OperatorSettings.from_env(env)
+        assert settings.redis_cluster is (expected == "1")
+        runtime_env = {e["name"]: e.get("value") for e in settings.runtime_platform_env()}
+        assert runtime_env.get(CLUSTER_ENV) == expected, (values, runtime_env)
 
 
 def test_a_history_dsn_of_another_database_fails_to_render_without_its_password(

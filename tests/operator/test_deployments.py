@@ -183,3 +183,33 @@ def test_changing_the_platform_policy_rolls_the_pods() -> None:
         for env in (before, after)
     }
     assert len(hashes) == 2
+
+
+@pytest.mark.parametrize("value", ["1", "true", "", None])
+def test_runtime_pods_of_a_cluster_platform_get_the_cluster_variable(value: str | None) -> None:
+    """``AIRUNTIME_REDIS_CLUSTER`` on the operator (the chart's ``redis.cluster``) reaches
+    every runtime Deployment; without it no pod gets the variable."""
+    from airuntime_operator import OperatorSettings
+
+    environ = {"AIRUNTIME_REDIS_URL": "redis://valkey-0:6379"}
+    if value is not None:
+        environ["AIRUNTIME_REDIS_CLUSTER"] = value
+    settings = OperatorSettings.from_env(environ)
+    platform_env = settings.runtime_platform_env()
+    deployment = deployments.deployment(REF, _spec(), image="img", platform_env=platform_env)
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    expected = "1" if value in ("1", "true") else None
+    assert env.get("AIRUNTIME_REDIS_CLUSTER") == expected, env
+
+
+def test_a_malformed_cluster_variable_is_refused_naming_it() -> None:
+    from airuntime_operator import OperatorSettings
+    from airuntime_operator.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="AIRUNTIME_REDIS_CLUSTER"):
+        OperatorSettings.from_env(
+            {"AIRUNTIME_REDIS_URL": "redis://v:6379", "AIRUNTIME_REDIS_CLUSTER": "maybe"}
+        )

@@ -99,7 +99,7 @@ async def test_fifty_concurrent_deliveries_through_a_provider_create_one_run_and
     assert runtime.watcher.states[run_id] == ["queued", "running", "completed"]
     assert await redis.zcard(keys.executions_index()) == 1, "one execution"
     assert len(runtime.gate.entered) == 1, "its step ran once"
-    assert await redis.xlen(keys.run_outcomes()) == 1, "one outcome"
+    assert await redis.xlen(keys.RunBucket(0).outcomes) == 1, "one outcome"
 
 
 async def test_a_redelivery_answers_the_run_id_even_when_the_instance_is_paused_or_full(

@@ -182,7 +182,7 @@ async def test_valkey_killed_and_restarted_every_loop_recovers_and_the_run_finis
             record = await inst.run_status(run_id, "tenant-a")
             assert record is not None and record.status is RunStatus.COMPLETED
             outcomes = [
-                RunOutcome.from_fields(f) for _, f in await redis.xrange(keys.run_outcomes())
+                RunOutcome.from_fields(f) for _, f in await redis.xrange(keys.RunBucket(0).outcomes)
             ]
             assert [(o.run_id, o.status) for o in outcomes] == [(run_id, RunStatus.COMPLETED)]
 

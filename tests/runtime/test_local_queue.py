@@ -77,7 +77,7 @@ async def test_request_without_a_snapshot_is_refused_naming_it_and_nothing_is_wr
     assert named in str(refused.value), str(refused.value)
     assert await redis.keys(keys.run("*")) == []
     assert await redis.keys(keys.shared_run_to_run("*")) == []
-    assert await redis.keys(keys.runs_in_state("*")) == []
+    assert await redis.keys(keys.RunBucket(0).in_state("*")) == []
     assert await redis.keys("air:{e:*") == []
     assert await runtime.index.queue_length("rq-1") == 0
 

@@ -51,7 +51,7 @@ async def test_finished_runs_leave_no_runtime_key_once_their_retention_has_passe
     for run_id in (held, *runs):
         assert await runtime.watcher.reached(run_id, "completed", "failed") == "completed"
     assert await runtime.watcher.reached(failing, "completed", "failed") == "failed"
-    assert await redis.xlen(keys.run_outcomes()) == N + 3
+    assert await redis.xlen(keys.RunBucket(0).outcomes) == N + 3
     # The record got the run retention (1 s) as its TTL: at most 1000 ms left, never
     # "no TTL" (-1); on a slow machine it may already have expired (-2).
     left_ms = await redis.pttl(keys.run(held))
@@ -66,10 +66,11 @@ async def test_finished_runs_leave_no_runtime_key_once_their_retention_has_passe
         keys.tenants(),
         keys.tenant_settings("tenant-a"),
         keys.tenant_settings("tenant-b"),
-        keys.run_outcomes(),  # capped (MAXLEN ~ OUTCOMES_MAXLEN), read by the control plane
+        keys.RunBucket(0).outcomes,  # capped (MAXLEN ~ OUTCOMES_MAXLEN), read by the control plane
         keys.executions_index(),  # the engine's listing of executions (the engine's to bound)
         keys.archive_outbox(),  # no archiver here: trimmed by finalizations past the hold
         keys.execution_layout(),  # one small marker per deployment: the bucket count
+        keys.run_layout(),  # ... and the run index's bucket count
     }
 
     async def only_kept_keys() -> bool:
@@ -108,8 +109,8 @@ async def test_the_sweep_alone_removes_what_a_finished_runs_retention_leaves(
     await eventually(due, "both finished runs swept")
     still = records[2].run_id
     assert [r.run_id for r in await index.list_for_tenant("tenant-a")] == [still]
-    assert await redis.zrange(keys.runs_by_tenant("tenant-a"), 0, -1) == [still.encode()]
-    assert await redis.zcard(keys.runs_retention()) == 0
+    assert await redis.zrange(keys.RunBucket(0).by_tenant("tenant-a"), 0, -1) == [still.encode()]
+    assert await redis.zcard(keys.RunBucket(0).retention) == 0
     for record in records[:2]:
         assert not await redis.exists(keys.run(record.run_id))
         assert not await redis.exists(keys.shared_run_to_run(record.shared_run_id))

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def _outcomes(redis: Redis) -> list[RunOutcome]:
-    return [RunOutcome.from_fields(f) for _, f in await redis.xrange(keys.run_outcomes())]
+    return [RunOutcome.from_fields(f) for _, f in await redis.xrange(keys.RunBucket(0).outcomes)]
 
 
 async def test_a_completed_run_has_one_outcome_and_its_evidence_in_record_and_ledger(

@@ -100,13 +100,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.redis.valkey.enabled }}url{{ else }}{{ required "redis.external.key is required" .Values.redis.external.key }}{{ end }}
 {{- end }}
 
-{{/* AIRUNTIME_REDIS_URL from the Secret: the only way the URL reaches a pod. */}}
+{{/* AIRUNTIME_REDIS_URL from the Secret: the only way the URL reaches a pod; with
+redis.cluster, AIRUNTIME_REDIS_CLUSTER=1 too (the operator passes it to runtime pods). */}}
 {{- define "airuntime.redisUrlEnv" -}}
 - name: AIRUNTIME_REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "airuntime.redis.secretName" . }}
       key: {{ include "airuntime.redis.secretKey" . }}
+{{- if .Values.redis.cluster }}
+- name: AIRUNTIME_REDIS_CLUSTER
+  value: "1"
+{{- end }}
 {{- end }}
 
 {{/* Tokens file Secret name and key. */}}

@@ -1,24 +1,24 @@
 --[[
   Move a run's ownership from a dead runtime instance to a live one, at most once:
-  concurrent adopters race on this compare-and-set and only one wins. The owner must
-  be dead *now*: its registry descriptor (which expires with its heartbeat) must be
-  gone, so an instance that registered after the adopter listed the live ones keeps
-  its runs.
+  concurrent adopters race on this compare-and-set and only one wins. The caller
+  checks just before that the owner is dead *now* (its registry descriptor, which
+  expires with its heartbeat, is gone; RunIndex.adopt): the descriptor is in the
+  control slot and the run in its bucket, another slot on a cluster. An owner that
+  comes back in between finds the run is no longer its own (startRun refuses it; a
+  running execution is fenced by the engine's claim tokens).
 
   Input:
-    KEYS[1] the run hash (air:{air}:run:<RunId>)
-    KEYS[2] the registry descriptor of the owner believed dead (air:{air}:instance:<ARGV[1]>)
+    KEYS[1] the run hash (<bucket>:run:<RunId>)
     ARGV[1] instance id the caller believes owns the run (dead)
     ARGV[2] adopting instance id
     ARGV[3] now, milliseconds (ledger only; the decision does not use time)
 
   Output:
     1 adopted
-    0 not adopted: the run is gone, finished, owned by someone else now, or its owner
-      is registered (alive)
+    0 not adopted: the run is gone, finished or owned by someone else now
+
 ]]
 local runKey = KEYS[1]
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local owner = redis.call('HGET', runKey, 'instance_id')
 if not owner or owner ~= ARGV[1] then return 0 end
 local status = redis.call('HGET', runKey, 'status')

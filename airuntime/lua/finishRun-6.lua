@@ -1,20 +1,22 @@
 --[[
   A runtime run reached a terminal state: in one step mark its record finished, take it
-  out of the state indexes and of its instance's queue, append its RunOutcome to the
-  outcome stream (which the control plane reads to end the shared run), and start its
+  out of the state indexes, append its RunOutcome to its bucket's outcome stream (which
+  the control plane reads to end the shared run), and start its
   retention: the record and the SharedRunId mapping expire after the retention, and
   the tenant index entry is listed for the sweep (RunIndex.prune) at the same time.
   Finishing is idempotent: a run already terminal is left as it is and gets no second
-  outcome.
+  outcome. Every key is in the run's bucket; the caller then removes a run that was
+  queued from its instance's local queue (another slot on a cluster; an entry left
+  behind by a crash in between names a finished run, which the controller drops).
 
   Input:
-    KEYS[1] the run's record (air:{air}:run:<RunId>)
-    KEYS[2] queued runs (air:{air}:runs:queued)
-    KEYS[3] running runs (air:{air}:runs:running)
-    KEYS[4] the outcome stream (air:{air}:run-outcomes)
-    KEYS[5] the run's SharedRunId -> RunId mapping (air:{air}:shared-run:<SharedRunId>)
-    KEYS[6] runs waiting for the retention sweep (air:{air}:runs:retention)
-    KEYS[7] the local queue of the instance owning the run (air:{air}:instance:<id>:queue)
+    KEYS[1] the run's record (<bucket>:run:<RunId>)
+    KEYS[2] the bucket's queued runs (<bucket>:runs:queued)
+    KEYS[3] the bucket's running runs (<bucket>:runs:running)
+    KEYS[4] the bucket's outcome stream (<bucket>:run-outcomes)
+    KEYS[5] the run's SharedRunId -> RunId mapping (<bucket>:shared-run:<SharedRunId>)
+    KEYS[6] the bucket's runs waiting for the retention sweep (<bucket>:runs:retention)
+    (<bucket> = air:{air} on a standalone server, air:{rb:<b>:<n>} on a cluster)
     ARGV[1] RunId
     ARGV[2] terminal status: completed | failed | cancelled
     ARGV[3] failure reason ('' = none)
@@ -26,7 +28,7 @@
             before start, so a run the controller started meanwhile is left alone)
 
   Output:
-    {1, finishedAtMs}  finished now; the outcome was appended
+    {1, finishedAtMs, previousStatus}  finished now; the outcome was appended
     {0, status}        not finished: already terminal, or not in ARGV[8]
     {2}                no such run
 ]]
@@ -51,7 +53,6 @@ if ARGV[3] ~= '' then redis.call('HSET', runKey, 'failure_reason', ARGV[3]) end
 if ARGV[5] ~= '' then redis.call('HSET', runKey, 'step_slots', ARGV[5]) end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('LREM', KEYS[7], 0, ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*',
   'run_id', ARGV[1],
   'shared_run_id', f[2] or '',
@@ -65,4 +66,4 @@ local retention = tonumber(ARGV[6])
 redis.call('EXPIRE', runKey, retention)
 redis.call('EXPIRE', KEYS[5], retention)
 redis.call('ZADD', KEYS[6], now + retention * 1000, (f[3] or '') .. ':' .. ARGV[1])
-return {1, now}
+return {1, now, status}

@@ -1,0 +1,35 @@
+--[[
+  The controller of a runtime instance starts the run at the head of its local queue:
+  in one step the run becomes running with its ExecutionId, but only if it is still
+  queued and still this instance's. The caller then removes it from the local queue
+  (another slot on a cluster) whatever the answer: a run that was cancelled, adopted
+  by another instance or removed meanwhile only leaves the queue. A caller that dies
+  in between leaves an entry of a run that is not queued, which the next look at the
+  queue drops.
+
+  The controller looks at the head of the queue (LINDEX) instead of popping it, so a
+  controller that dies between reading and starting loses nothing: the run is still
+  queued, or already running with its ExecutionId (and resumed by reconciliation).
+
+  Input:
+    KEYS[1] the run's record (<bucket>:run:<RunId>)
+    KEYS[2] the bucket's queued runs (<bucket>:runs:queued)
+    KEYS[3] the bucket's running runs (<bucket>:runs:running)
+    ARGV[1] RunId
+    ARGV[2] instance id (the caller)
+    ARGV[3] ExecutionId to record
+
+  Output:
+    {1, startedAtMs}   started: status running, execution_id set
+    {0, status}        not started ('missing' when the record is gone)
+]]
+--- @include "nowMs"
+
+local run = redis.call('HMGET', KEYS[1], 'status', 'instance_id')
+if not run[1] then return {0, 'missing'} end
+if run[1] ~= 'queued' or run[2] ~= ARGV[2] then return {0, run[1]} end
+local now = nowMs()
+redis.call('HSET', KEYS[1], 'status', 'running', 'execution_id', ARGV[3], 'started_at_ms', now)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], now, ARGV[1])
+return {1, now}
