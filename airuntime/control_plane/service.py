@@ -164,8 +164,25 @@ class ControlPlane:
             redis, ScaleOutBackoff(s.scale_out_backoff_initial_s, s.scale_out_backoff_max_s)
         )
         self.scale_out_provider = scale_out_provider
+        self._dispatching(observer, worker_id)
+        self.supervisor = Supervisor(f"control plane {s.control_plane_id}")
+        self.watcher = (
+            ScaleOutWatcher(self.scale_outs, scale_out_provider) if scale_out_provider else None
+        )
+        self.requeuer = FulfilledRunRequeuer(self.scale_outs, self.runs, self.queue)
+        self.outcomes = OutcomeReader(
+            self.deliveries.blocking_redis, self.runs, consumer=s.control_plane_id
+        )
+        self.reconciler = Reconciler(
+            self.runs, self.queue, self.run_index, interval_s=s.reconcile_interval_s
+        )
+        self._archiving(history if s.archiver_enabled else None, retention_policy)
+
+    def _dispatching(self, observer: DispatchObserver | None, worker_id: str) -> None:
+        """Deliveries to runtime instances, and the pump that admits runs onto them."""
+        s = self.settings
         self.deliveries = Deliveries(
-            redis,
+            self.redis,
             self.local,
             timeout_s=s.delivery_timeout_s,
             runtime_token=s.runtime_token.get_secret_value() if s.runtime_token else None,
@@ -183,18 +200,6 @@ class ControlPlane:
         )
         self.pump = SharedQueuePump(self.dispatcher)
         self.background = BackgroundPump(self.pump, self.registry)
-        self.supervisor = Supervisor(f"control plane {s.control_plane_id}")
-        self.watcher = (
-            ScaleOutWatcher(self.scale_outs, scale_out_provider) if scale_out_provider else None
-        )
-        self.requeuer = FulfilledRunRequeuer(self.scale_outs, self.runs, self.queue)
-        self.outcomes = OutcomeReader(
-            self.deliveries.blocking_redis, self.runs, consumer=s.control_plane_id
-        )
-        self.reconciler = Reconciler(
-            self.runs, self.queue, self.run_index, interval_s=s.reconcile_interval_s
-        )
-        self._archiving(history if s.archiver_enabled else None, retention_policy)
 
     def _archiving(self, history: HistoryStore | None, policy: RetentionPolicy | None) -> None:
         """The archivers (with a history store) and retention, archive-first then."""

@@ -30,13 +30,13 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
+from airuntime.k8s.conditions import RuntimePoolConditionType
 from airuntime.k8s.v1alpha1 import (
     API_GROUP,
     API_VERSION,
     RUNTIME_POOL,
     SCALE_OUT_REQUEST,
     CrdNames,
-    RuntimePoolConditionType,
     RuntimePoolSpec,
     RuntimePoolStatus,
     ScaleOutRequestSpec,

@@ -51,11 +51,8 @@ __all__ = [
     "ConditionStatus",
     "CrdNames",
     "EnvVar",
-    "EventReason",
     "RedisSecretRef",
     "ResourceRequirements",
-    "RuntimePoolConditionReason",
-    "RuntimePoolConditionType",
     "RuntimePoolSpec",
     "RuntimePoolStatus",
     "ScaleOutPhase",
@@ -486,70 +483,6 @@ class ScaleOutRequestStatus(_Resource):
     """When a new instance was ready."""
     rejected_at: datetime | None = None
     """When the request was rejected."""
-
-
-# -- conditions and events ------------------------------------------------------------------
-
-
-class RuntimePoolConditionType(StrEnum):
-    """The conditions of a RuntimePool's status (``status.conditions[].type``)."""
-
-    RECONCILED = "Reconciled"
-    """The pool's objects (ServiceAccount, ConfigMap, Service, Deployment) are applied
-    for the spec of ``observedGeneration``."""
-    TENANT_SETTINGS_PUBLISHED = "TenantSettingsPublished"
-    """The pool's tenant settings are in Redis, where admission and the runtimes read them."""
-    READY = "Ready"
-    """The pool serves its tenant: reconciled, tenant settings published, and its
-    Deployment has the desired replicas available."""
-
-
-class RuntimePoolConditionReason(StrEnum):
-    """Why a RuntimePool condition has its status (``status.conditions[].reason``)."""
-
-    APPLIED = "Applied"
-    """Reconciled is True."""
-    INVALID_SPEC = "InvalidSpec"
-    """Reconciled (and so Ready) is False: the spec breaks a rule of the model."""
-    APPLY_FAILED = "ApplyFailed"
-    """Reconciled (and so Ready) is False: the API server refused an object of the pool."""
-    PUBLISHED = "Published"
-    """TenantSettingsPublished is True."""
-    NOT_RECONCILED = "NotReconciled"
-    """Ready is False: the operator has not reconciled the pool yet."""
-    TENANT_SETTINGS_NOT_PUBLISHED = "TenantSettingsNotPublished"
-    """Ready is False: the tenant settings are not in Redis."""
-    DEPLOYMENT_NOT_FOUND = "DeploymentNotFound"
-    """Ready is False: the pool's Deployment does not exist."""
-    REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
-    """Ready is False: fewer replicas are available than desired."""
-    REPLICAS_AVAILABLE = "ReplicasAvailable"
-    """Ready is True."""
-
-
-class EventReason(StrEnum):
-    """Reasons of the Kubernetes events posted about airuntime's resources (by the
-    operator, and ``ScaleOutFailed`` by the control plane)."""
-
-    RECONCILED = "Reconciled"
-    """A RuntimePool's objects were applied and its tenant settings published."""
-    INVALID_SPEC = "InvalidSpec"
-    """A RuntimePool's spec breaks a rule of the model (warning)."""
-    APPLY_FAILED = "ApplyFailed"
-    """The API server refused an object of a RuntimePool (warning)."""
-    SCALED_IN = "ScaledIn"
-    """Idle runtime pods of a RuntimePool were removed."""
-    DELETED = "Deleted"
-    """A deleted RuntimePool's objects, tenant settings and registry entries were removed."""
-    OBSERVED = "Observed"
-    """A ScaleOutRequest's pool was scaled."""
-    FULFILLED = "Fulfilled"
-    """A new runtime instance can accept a ScaleOutRequest's run."""
-    REJECTED = "Rejected"
-    """A ScaleOutRequest was refused or timed out (warning)."""
-    SCALE_OUT_FAILED = "ScaleOutFailed"
-    """The control plane's attempt at a ScaleOutRequest failed; it backs off before the
-    next one for the prefix (warning, posted by the control plane)."""
 
 
 # -- manifests --------------------------------------------------------------------------------

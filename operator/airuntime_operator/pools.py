@@ -33,9 +33,10 @@ from airuntime.k8s.client import (
     ApiError,
     Kind,
 )
-from airuntime.k8s.v1alpha1 import EventReason, RuntimePoolSpec
-from airuntime.k8s.v1alpha1 import RuntimePoolConditionReason as Reason
-from airuntime.k8s.v1alpha1 import RuntimePoolConditionType as ConditionType
+from airuntime.k8s.conditions import EventReason
+from airuntime.k8s.conditions import RuntimePoolConditionReason as Reason
+from airuntime.k8s.conditions import RuntimePoolConditionType as ConditionType
+from airuntime.k8s.v1alpha1 import RuntimePoolSpec
 from airuntime_operator import deployments
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kopf_bridge import api_failure

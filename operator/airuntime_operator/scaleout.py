@@ -33,7 +33,8 @@ from pydantic import ValidationError
 
 from airuntime.fleet.registry import InstanceStatus
 from airuntime.k8s.client import RUNTIME_POOL_KIND, SCALE_OUT_REQUEST_KIND
-from airuntime.k8s.v1alpha1 import EventReason, RuntimePoolSpec, ScaleOutPhase
+from airuntime.k8s.conditions import EventReason
+from airuntime.k8s.v1alpha1 import RuntimePoolSpec, ScaleOutPhase
 from airuntime_operator.context import OperatorContext
 from airuntime_operator.kopf_bridge import api_outcomes
 from airuntime_operator.pools import parse_spec

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from airuntime.k8s.v1alpha1 import RuntimePoolConditionReason as Reason
-from airuntime.k8s.v1alpha1 import RuntimePoolConditionType as ConditionType
+from airuntime.k8s.conditions import RuntimePoolConditionReason as Reason
+from airuntime.k8s.conditions import RuntimePoolConditionType as ConditionType
 from airuntime_operator.pools import readiness
 from airuntime_operator.status import with_condition
 

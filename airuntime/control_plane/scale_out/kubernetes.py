@@ -37,11 +37,11 @@ from airuntime.k8s.client import (
     KubeApi,
     load_configuration,
 )
+from airuntime.k8s.conditions import EventReason
 from airuntime.k8s.v1alpha1 import (
     LABEL_PREFIX,
     LABEL_TENANT,
     SCALE_OUT_REQUEST,
-    EventReason,
     ScaleOutPhase,
     ScaleOutRequestSpec,
     TenantSettingsSnapshot,
