@@ -44,7 +44,12 @@ from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
 from airuntime.history.errors import HistoryError, HistoryUnavailable
-from airuntime.history.records import ArchivedEvent, ArchivedExecution
+from airuntime.history.records import (
+    ArchivedEvent,
+    ArchivedExecution,
+    EncodedEvent,
+    EncodedExecution,
+)
 from airuntime.history.store import HistoryStore
 
 __all__ = [
@@ -81,33 +86,59 @@ class ArchiveStats:
 
 @dataclass(frozen=True, slots=True)
 class Captured:
-    """One execution as Redis held it, ready to archive."""
+    """One execution as Redis held it, ready to archive: as the store writes it
+    (:class:`EncodedExecution`, :class:`EncodedEvent` rows), and decoded
+    (:attr:`record`, :attr:`events`) for whoever wants the values."""
 
-    record: ArchivedExecution
-    events: list[ArchivedEvent]
+    encoded: EncodedExecution
+    ledger: list[EncodedEvent]
 
+    @property
+    def record(self) -> ArchivedExecution:
+        return self.encoded.decoded()
 
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    """A flat ``[field, value, ...]`` reply (HGETALL, a stream entry) as a dict."""
-    try:  # the archiver's clients answer bytes
-        text = [x.decode() for x in flat]
-    except AttributeError:  # a client that decodes replies itself
-        text = [_s(x) for x in flat]
-    return dict(zip(text[::2], text[1::2], strict=True))
-
-
-def _events(eid: str, raw: list[Any]) -> list[ArchivedEvent]:
-    """The ledger as ``captureArchive`` returns it: ``[entry id, fields JSON]`` each."""
-    out: list[ArchivedEvent] = []
-    for seq, (entry_id, fields_json) in enumerate(raw):
-        text = fields_json.decode() if isinstance(fields_json, bytes) else _s(fields_json)
-        out.append(ArchivedEvent.from_stream(eid, seq, _s(entry_id), json.loads(text), text))
-    return out
+    @property
+    def events(self) -> list[ArchivedEvent]:
+        return [entry.decoded() for entry in self.ledger]
 
 
-def _run_id(events: list[ArchivedEvent]) -> str | None:
+_META_FIELDS = (
+    "execution_id",
+    "tenant_id",
+    "pipeline_id",
+    "terminal",
+    "created_at",
+    "finished_at",
+    "inputs",
+    "context",
+)
+"""What the archive keeps of an execution's meta hash (``execution_id`` tells whether
+the keys are still there)."""
+
+
+def _meta(values: list[Any]) -> dict[str, str] | None:
+    """The meta fields ``captureArchive`` read (HMGET of :data:`_META_FIELDS`); None when
+    the execution's keys are gone."""
+    if values[0] is None:
+        return None
+    return {n: _s(v) for n, v in zip(_META_FIELDS, values, strict=True) if v is not None}
+
+
+def _ledger(eid: str, raw: list[Any]) -> list[EncodedEvent]:
+    """The ledger as ``captureArchive`` returns it: ``[entry id, type, fields JSON]``."""
+    return [
+        EncodedEvent(eid, seq, _s(entry_id), _s(kind), _s(fields_json))
+        for seq, (entry_id, kind, fields_json) in enumerate(raw)
+    ]
+
+
+def _run_id(ledger: list[EncodedEvent]) -> str | None:
     """The RunId the ``run_started`` ledger entry names (the runtime's run record)."""
-    return next((e.fields.get("run_id") for e in events if e.type == "run_started"), None)
+    started = next((e for e in ledger if e.type == "run_started"), None)
+    if started is None:
+        return None
+    run_id = json.loads(started.fields_json).get("run_id")
+    return run_id if isinstance(run_id, str) else None
 
 
 _RUN_FIELDS = ["run_id", "status", "shared_run_id", "step_slots"]
@@ -136,34 +167,27 @@ class _Hot:
     meta: dict[str, str]
     plan: bytes
     snapshot: bytes
-    events: list[ArchivedEvent]
+    ledger: list[EncodedEvent]
     run: dict[str, str] | None = None
 
 
-def _record(execution_id: str, hot: _Hot) -> ArchivedExecution:
+def _encoded(execution_id: str, hot: _Hot) -> EncodedExecution:
     m, run = hot.meta, hot.run or {}
-    texts = {
-        "plan": _s(hot.plan),
-        "inputs": m.get("inputs") or "{}",
-        "context": m.get("context") or "{}",
-        "snapshot": _s(hot.snapshot),
-    }
-    record = ArchivedExecution(
+    return EncodedExecution(
         execution_id=execution_id,
         tenant_id=m.get("tenant_id") or UNOWNED_TENANT,
         pipeline_id=m.get("pipeline_id", ""),
         status=m["terminal"],
         created_ms=int(m.get("created_at") or 0),
         finished_ms=_opt_int(m.get("finished_at")),
-        plan=json.loads(texts["plan"]),
-        inputs=json.loads(texts["inputs"]),
-        context=json.loads(texts["context"]),
-        snapshot=json.loads(texts["snapshot"]),
-        step_slots=json.loads(run["step_slots"]) if run.get("step_slots") else None,
+        plan_json=_s(hot.plan),
+        inputs_json=m.get("inputs") or "{}",
+        context_json=m.get("context") or "{}",
+        snapshot_json=_s(hot.snapshot),
+        step_slots_json=run.get("step_slots") or None,
         run_id=run.get("run_id"),
         shared_run_id=run.get("shared_run_id"),
     )
-    return record.with_encoded(texts)
 
 
 async def _capture_calls(
@@ -177,8 +201,9 @@ async def _capture_calls(
         ek = keys.execution_keys(eid, buckets)
         by_bucket.setdefault(ek.bucket.outbox, []).append(ek)
     groups = list(by_bucket.items())
+    fields: list[str | int] = [len(_META_FIELDS), *_META_FIELDS]
     calls: list[tuple[list[str], list[str | int]]] = [
-        ([outbox], [what, *(ek.tag for ek in eks)]) for outbox, eks in groups
+        ([outbox], [what, *fields, *(ek.tag for ek in eks)]) for outbox, eks in groups
     ]
     replies = await library().call_many(redis, "captureArchive", calls)
     out: dict[str, Any] = {}
@@ -202,17 +227,17 @@ async def capture_executions(
     hot: dict[str, _Hot] = {}
     for eid in execution_ids:
         raw_meta, plan, snapshot, raw_events = raw[eid]
-        if not raw_meta:
+        m = _meta(raw_meta)
+        if m is None:
             out[eid] = None
             continue
-        m = _pairs(raw_meta)
         # `terminal` and the snapshot are written by the same finalize script, so a
         # meta that says terminal has its snapshot; the plan is written at creation.
         if not m.get("terminal") or snapshot is None or plan is None:
             out[eid] = False
             continue
-        hot[eid] = _Hot(m, plan, snapshot, _events(eid, raw_events))
-    with_runs = {eid: rid for eid, h in hot.items() if (rid := _run_id(h.events))}
+        hot[eid] = _Hot(m, plan, snapshot, _ledger(eid, raw_events))
+    with_runs = {eid: rid for eid, h in hot.items() if (rid := _run_id(h.ledger))}
     if with_runs:
         records = await _read_run_records(redis, list(with_runs.values()))
         for eid, record in zip(with_runs, records, strict=True):
@@ -230,9 +255,9 @@ async def capture_executions(
     if reread:
         ledgers = await _capture_calls(redis, reread, "events")
         for eid in reread:
-            hot[eid].events = _events(eid, list(ledgers[eid] or []))
+            hot[eid].ledger = _ledger(eid, list(ledgers[eid] or []))
     for eid, h in hot.items():
-        out.setdefault(eid, Captured(_record(eid, h), h.events))
+        out.setdefault(eid, Captured(_encoded(eid, h), h.ledger))
     return {eid: out[eid] for eid in execution_ids}
 
 
@@ -338,10 +363,10 @@ class ExecutionArchiver:
                 await self.redis.zrem(outbox, *ids_)
         if ready:
             ready = await self._write(ready)
-            regrown = await self.settle([(c.record.execution_id, len(c.events)) for c in ready])
+            regrown = await self.settle([(c.encoded.execution_id, len(c.ledger)) for c in ready])
             self.stats.deferred += regrown
             self.stats.archived += len(ready)
-            self.stats.rows += sum(1 + len(c.events) for c in ready)
+            self.stats.rows += sum(1 + len(c.ledger) for c in ready)
         return len(ids)
 
     async def _write(self, ready: list[Captured]) -> list[Captured]:
@@ -350,7 +375,7 @@ class ExecutionArchiver:
         by one so a poisoned entry holds back only itself. It stays leased, reported in
         the log and the error count, and is tried again when its lease is due."""
         try:
-            await self.store.upsert_executions([(c.record, c.events) for c in ready])
+            await self.store.upsert_executions([(c.encoded, c.ledger) for c in ready])
             return ready
         except HistoryUnavailable:
             raise
@@ -359,13 +384,13 @@ class ExecutionArchiver:
         written: list[Captured] = []
         for c in ready:
             try:
-                await self.store.upsert_execution(c.record, c.events)
+                await self.store.upsert_execution(c.encoded, c.ledger)
                 written.append(c)
             except HistoryUnavailable:
                 raise
             except HistoryError as error:
                 self.stats.errors += 1
-                log.error("execution %s not archived: %s", c.record.execution_id, error)
+                log.error("execution %s not archived: %s", c.encoded.execution_id, error)
         return written
 
     async def settle(self, archived: Sequence[tuple[str, int]]) -> int:

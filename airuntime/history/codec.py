@@ -22,8 +22,12 @@ from airuntime.history.records import (
     ArchivedEvent,
     ArchivedExecution,
     ArchivedSharedRun,
+    EncodedEvent,
+    EncodedExecution,
     EventPage,
+    ExecutionRow,
     JsonObject,
+    LedgerEntry,
     Payload,
     SharedRunPage,
 )
@@ -99,13 +103,9 @@ EXECUTION_COLUMNS = (
 )
 
 
-def execution_params(record: ArchivedExecution) -> dict[str, Any]:
-    texts = record.encoded or {}
-
-    def column(name: str) -> str:
-        text = texts.get(name)
-        return text if text is not None else _dump(getattr(record, name))
-
+def execution_params(record: ExecutionRow) -> dict[str, Any]:
+    if isinstance(record, EncodedExecution):
+        return {**record._asdict(), "replay_of": None, "archived_at_ms": now_ms()}
     return {
         "execution_id": record.execution_id,
         "tenant_id": record.tenant_id,
@@ -115,10 +115,10 @@ def execution_params(record: ArchivedExecution) -> dict[str, Any]:
         "status": record.status,
         "created_ms": record.created_ms,
         "finished_ms": record.finished_ms,
-        "plan_json": column("plan"),
-        "inputs_json": column("inputs"),
-        "context_json": column("context"),
-        "snapshot_json": column("snapshot"),
+        "plan_json": _dump(record.plan),
+        "inputs_json": _dump(record.inputs),
+        "context_json": _dump(record.context),
+        "snapshot_json": _dump(record.snapshot),
         "step_slots_json": None if record.step_slots is None else _dump(record.step_slots),
         "replay_of": record.replay_of,
         "archived_at_ms": record.archived_at_ms or now_ms(),
@@ -156,12 +156,10 @@ def execution_from_row(row: Row) -> ArchivedExecution:
     return record
 
 
-def prepare_events(
-    record: ArchivedExecution, events: Iterable[ArchivedEvent]
-) -> list[ArchivedEvent]:
+def prepare_events(record: ExecutionRow, events: Iterable[LedgerEntry]) -> list[LedgerEntry]:
     """The events to write, one per seq (the last given wins), in seq order -- the
     order every writer locks rows in, so concurrent re-archives cannot deadlock."""
-    by_seq: dict[int, ArchivedEvent] = {}
+    by_seq: dict[int, LedgerEntry] = {}
     for event in events:
         if event.execution_id != record.execution_id:
             raise ValueError(
@@ -175,17 +173,18 @@ def prepare_events(
 EVENT_COLUMNS = ("execution_id", "seq", "entry_id", "type", "fields_json")
 
 
-def event_params(event: ArchivedEvent) -> dict[str, Any]:
+def event_params(event: LedgerEntry) -> dict[str, Any]:
+    text = event.fields_json if isinstance(event, EncodedEvent) else _dump(event.fields)
     return {
         "execution_id": event.execution_id,
         "seq": event.seq,
         "entry_id": event.entry_id,
         "type": event.type,
-        "fields_json": event.fields_json if event.fields_json is not None else _dump(event.fields),
+        "fields_json": text,
     }
 
 
-def event_rows(record: ArchivedExecution, events: Iterable[ArchivedEvent]) -> list[dict[str, Any]]:
+def event_rows(record: ExecutionRow, events: Iterable[LedgerEntry]) -> list[dict[str, Any]]:
     """The parameter rows of an execution's events, one per seq in seq order."""
     return [event_params(e) for e in prepare_events(record, events)]
 

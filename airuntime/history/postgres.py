@@ -31,10 +31,11 @@ from airuntime.history.listing import SharedRunFilter, decode_cursor
 from airuntime.history.migrate import upgrade
 from airuntime.history.names import HEAD_REVISION, VERSION_TABLE
 from airuntime.history.records import (
-    ArchivedEvent,
     ArchivedExecution,
     ArchivedSharedRun,
     EventPage,
+    ExecutionRow,
+    LedgerEntry,
     Payload,
     SharedRunPage,
 )
@@ -154,12 +155,12 @@ class PostgresHistoryStore(HistoryStore):
     # --- the interface -----------------------------------------------------------
 
     async def upsert_execution(
-        self, record: ArchivedExecution, events: Iterable[ArchivedEvent] = ()
+        self, record: ExecutionRow, events: Iterable[LedgerEntry] = ()
     ) -> None:
         await self.upsert_executions([(record, events)])
 
     async def upsert_executions(
-        self, items: Sequence[tuple[ArchivedExecution, Iterable[ArchivedEvent]]]
+        self, items: Sequence[tuple[ExecutionRow, Iterable[LedgerEntry]]]
     ) -> None:
         # Rows are locked in execution-id (then seq) order by every writer, so two
         # archivers re-archiving overlapping batches cannot deadlock each other.

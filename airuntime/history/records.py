@@ -16,15 +16,20 @@ Times are epoch milliseconds, like Redis's. JSON values are decoded Python value
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 __all__ = [
     "ArchivedEvent",
     "ArchivedExecution",
     "ArchivedSharedRun",
+    "EncodedEvent",
+    "EncodedExecution",
     "EventPage",
+    "ExecutionRow",
     "JsonObject",
+    "LedgerEntry",
     "Payload",
     "PayloadRef",
     "SharedRunPage",
@@ -77,16 +82,6 @@ class ArchivedExecution:
     """The execution id of the archived run this one replays, if it is a replay."""
     archived_at_ms: int | None = None
     """When the execution was first archived; set by the store (a re-archive keeps it)."""
-    encoded: dict[str, str] | None = field(default=None, init=False, compare=False, repr=False)
-    """The JSON texts ``plan``, ``inputs``, ``context`` and ``snapshot`` were decoded
-    from (keys: those names), when the reader had them: the store writes them as they
-    are instead of encoding the values again. Set only by :meth:`with_encoded`; not an
-    ``__init__`` argument, so ``dataclasses.replace`` never carries stale texts over."""
-
-    def with_encoded(self, texts: dict[str, str]) -> ArchivedExecution:
-        """This record, knowing the JSON texts its values were decoded from."""
-        object.__setattr__(self, "encoded", texts)
-        return self
 
     def __post_init__(self) -> None:
         _require(bool(self.execution_id), "execution_id is empty")
@@ -100,6 +95,49 @@ class ArchivedExecution:
             _check_object(f"execution {self.execution_id}: step_slots", self.step_slots)
 
 
+class EncodedExecution(NamedTuple):
+    """An execution as the archiver reads it from Redis: its JSON values still the texts
+    Redis held (plan, inputs, context, snapshot, step-slot evidence), which the store
+    writes as they are. Decoding them only to encode them again was a large part of
+    the archiver's CPU per run; :meth:`decoded` is there for whoever wants the values
+    (a text that is not a JSON object is refused there, and by every read)."""
+
+    execution_id: str
+    tenant_id: str
+    pipeline_id: str
+    status: str
+    created_ms: int
+    finished_ms: int | None
+    plan_json: str
+    inputs_json: str
+    context_json: str
+    snapshot_json: str
+    step_slots_json: str | None = None
+    run_id: str | None = None
+    shared_run_id: str | None = None
+
+    def decoded(self) -> ArchivedExecution:
+        return ArchivedExecution(
+            execution_id=self.execution_id,
+            tenant_id=self.tenant_id,
+            pipeline_id=self.pipeline_id,
+            status=self.status,
+            created_ms=self.created_ms,
+            finished_ms=self.finished_ms,
+            plan=json.loads(self.plan_json),
+            inputs=json.loads(self.inputs_json),
+            context=json.loads(self.context_json),
+            snapshot=json.loads(self.snapshot_json),
+            step_slots=None if self.step_slots_json is None else json.loads(self.step_slots_json),
+            run_id=self.run_id,
+            shared_run_id=self.shared_run_id,
+        )
+
+
+ExecutionRow = ArchivedExecution | EncodedExecution
+"""What the store writes as one execution row: a decoded record or one still encoded."""
+
+
 @dataclass(frozen=True, slots=True)
 class ArchivedEvent:
     """One entry of an execution's ledger stream (``air:{e:E}:events``)."""
@@ -111,24 +149,15 @@ class ArchivedEvent:
     """The Redis stream entry id, e.g. ``1718000000000-0``."""
     type: str
     fields: dict[str, str] = field(default_factory=dict)
-    fields_json: str | None = field(default=None, compare=False, repr=False)
-    """``fields`` as the JSON text they were decoded from, when the reader had it (the
-    store writes it as is instead of encoding ``fields`` again)."""
 
     @classmethod
     def from_stream(
-        cls,
-        execution_id: str,
-        seq: int,
-        entry_id: str,
-        fields: dict[str, str],
-        fields_json: str | None = None,
+        cls, execution_id: str, seq: int, entry_id: str, fields: dict[str, str]
     ) -> ArchivedEvent:
         """An entry as the archiver read it from the ledger stream: ``seq`` is its
-        position and ``fields`` were decoded from Redis (or from ``fields_json``, the
-        JSON object Redis encoded them as), strings by construction, so the checks of
-        ``__post_init__`` (a few µs per entry, on every ledger row archived) are not
-        repeated."""
+        position and ``fields`` were decoded from Redis, strings by construction, so the
+        checks of ``__post_init__`` (a few µs per entry, on every ledger row archived)
+        are not repeated."""
         event = object.__new__(cls)
         for name, value in (
             ("execution_id", execution_id),
@@ -136,7 +165,6 @@ class ArchivedEvent:
             ("entry_id", entry_id),
             ("type", fields.get("type", "")),
             ("fields", fields),
-            ("fields_json", fields_json),
         ):
             object.__setattr__(event, name, value)
         return event
@@ -150,6 +178,27 @@ class ArchivedEvent:
             and all(isinstance(k, str) and isinstance(v, str) for k, v in self.fields.items()),
             f"{self.execution_id}: event {self.seq}: fields are not strings to strings",
         )
+
+
+class EncodedEvent(NamedTuple):
+    """A ledger entry as the archiver reads it from Redis: its fields are still the JSON
+    object Redis encoded them as (``captureArchive-1.lua``), which the store writes as
+    it is. Decoding every entry only to encode it again was most of the archiver's
+    CPU per run; :meth:`decoded` is there for whoever wants the values."""
+
+    execution_id: str
+    seq: int
+    entry_id: str
+    type: str
+    fields_json: str
+
+    def decoded(self) -> ArchivedEvent:
+        fields = json.loads(self.fields_json)
+        return ArchivedEvent(self.execution_id, self.seq, self.entry_id, self.type, fields)
+
+
+LedgerEntry = ArchivedEvent | EncodedEvent
+"""What the store writes as one ledger row: a decoded entry or one still encoded."""
 
 
 @dataclass(frozen=True, slots=True)

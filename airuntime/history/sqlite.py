@@ -30,10 +30,11 @@ from airuntime.history.listing import SharedRunFilter, decode_cursor
 from airuntime.history.migrate import upgrade
 from airuntime.history.names import HEAD_REVISION, VERSION_TABLE
 from airuntime.history.records import (
-    ArchivedEvent,
     ArchivedExecution,
     ArchivedSharedRun,
     EventPage,
+    ExecutionRow,
+    LedgerEntry,
     Payload,
     SharedRunPage,
 )
@@ -147,7 +148,7 @@ class SqliteHistoryStore(HistoryStore):
     # --- the interface -----------------------------------------------------------
 
     async def upsert_execution(
-        self, record: ArchivedExecution, events: Iterable[ArchivedEvent] = ()
+        self, record: ExecutionRow, events: Iterable[LedgerEntry] = ()
     ) -> None:
         params = codec.execution_params(record)
         rows = codec.event_rows(record, events)
@@ -160,7 +161,7 @@ class SqliteHistoryStore(HistoryStore):
         await self._run(partial(self._write, statements))
 
     async def upsert_executions(
-        self, items: Sequence[tuple[ArchivedExecution, Iterable[ArchivedEvent]]]
+        self, items: Sequence[tuple[ExecutionRow, Iterable[LedgerEntry]]]
     ) -> None:
         batch = [
             (record, codec.execution_params(record), codec.event_rows(record, events))

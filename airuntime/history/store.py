@@ -31,10 +31,11 @@ from types import TracebackType
 from airuntime.history.errors import HistoryError
 from airuntime.history.listing import MAX_PAGE
 from airuntime.history.records import (
-    ArchivedEvent,
     ArchivedExecution,
     ArchivedSharedRun,
     EventPage,
+    ExecutionRow,
+    LedgerEntry,
     Payload,
     SharedRunPage,
 )
@@ -60,12 +61,12 @@ class HistoryStore(ABC):
 
     @abstractmethod
     async def upsert_execution(
-        self, record: ArchivedExecution, events: Iterable[ArchivedEvent] = ()
+        self, record: ExecutionRow, events: Iterable[LedgerEntry] = ()
     ) -> None:
         """Archive an execution and (some or all of) its ledger, in one transaction."""
 
     async def upsert_executions(
-        self, items: Sequence[tuple[ArchivedExecution, Iterable[ArchivedEvent]]]
+        self, items: Sequence[tuple[ExecutionRow, Iterable[LedgerEntry]]]
     ) -> None:
         """Archive several executions with their ledgers, in one transaction (all or
         none). The implementations override this default, which writes one by one."""

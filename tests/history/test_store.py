@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from airuntime.history import (
-    ArchivedEvent,
     CorruptRecord,
+    EncodedEvent,
+    EncodedExecution,
     HistoryError,
     HistoryStore,
     HistoryUnavailable,
@@ -271,40 +272,44 @@ async def test_concurrent_archives_of_one_execution_end_as_one_row_set(
     assert raw("SELECT count(*) FROM history_executions") == [(1,)]
 
 
-async def test_texts_a_record_was_decoded_from_are_stored_as_they_are(
-    store: HistoryStore, raw: RawSql
-) -> None:
-    """The archiver hands over the JSON texts Redis held (``with_encoded``, and each
-    ledger entry's ``fields_json``); the store writes those texts, and what it reads back
-    equals the record. A record derived with ``replace`` has no texts and is encoded
-    from its values (a stale text is never written)."""
-    plan_text = '{"id":"summarize-documents","steps":[{"id":"split"},{"id":"join"}]}'
+async def test_encoded_rows_are_stored_as_they_are(store: HistoryStore, raw: RawSql) -> None:
+    """The archiver hands over the JSON texts Redis held (:class:`EncodedExecution`,
+    :class:`EncodedEvent`); the store writes those texts, and what it reads back equals
+    the decoded record and ledger."""
+    expected, ledger_values = records.execution(), records.events(count=3)
+    plan_text = '{"id": "summarize-documents", "steps": [{"id": "split"}, {"id": "join"}]}'
     spaced = '{ "status" : "Succeeded", "steps" : {"split": {"output": [1, 2.5, null]}} }'
-    record = records.execution().with_encoded(
-        {
-            "plan": plan_text,
-            "inputs": '{"doc": "h\\u00e9llo \\u2713", "n": 3}',
-            "context": '{"tenant_id":"tenant-a","user":"u1","namespaces":["a","b"]}',
-            "snapshot": spaced,
-        }
+    encoded = EncodedExecution(
+        execution_id="e-1",
+        tenant_id="tenant-a",
+        pipeline_id=expected.pipeline_id,
+        status=expected.status,
+        created_ms=expected.created_ms,
+        finished_ms=expected.finished_ms,
+        plan_json=plan_text,
+        inputs_json='{"doc": "h\\u00e9llo \\u2713", "n": 3}',
+        context_json='{"tenant_id":"tenant-a","user":"u1","namespaces":["a","b"]}',
+        snapshot_json=spaced,
+        step_slots_json=json.dumps(expected.step_slots),
+        run_id=expected.run_id,
+        shared_run_id=expected.shared_run_id,
     )
     ledger = [
-        ArchivedEvent.from_stream("e-1", e.seq, e.entry_id, e.fields, fields_json=text)
-        for e in records.events(count=3)
-        for text in [json.dumps(e.fields, indent=1)]
+        EncodedEvent("e-1", e.seq, e.entry_id, e.type, json.dumps(e.fields, indent=1))
+        for e in ledger_values
     ]
-    await store.upsert_execution(record, ledger)
+    await store.upsert_execution(encoded, ledger)
 
     assert raw("SELECT plan_json, snapshot_json FROM history_executions") == [(plan_text, spaced)]
     stored_fields = raw("SELECT fields_json FROM history_events ORDER BY seq")
     assert [row[0] for row in stored_fields] == [e.fields_json for e in ledger]
     stored = await store.get_execution("e-1", "tenant-a")
-    assert stored is not None and records.without_archived_at(stored) == record
+    assert stored is not None and records.without_archived_at(stored) == expected
+    assert encoded.decoded() == expected
     page = await store.events("e-1", "tenant-a", limit=10)
-    assert page is not None and page.events == ledger
+    assert page is not None and page.events == ledger_values
+    assert [e.decoded() for e in ledger] == ledger_values
 
-    changed = replace(record, snapshot={"status": "Failed"})
-    assert changed.encoded is None
-    await store.upsert_execution(changed, ledger)
-    [(snapshot_json,)] = raw("SELECT snapshot_json FROM history_executions")
-    assert json.loads(snapshot_json) == {"status": "Failed"}
+    await store.upsert_execution(expected, ledger_values)  # a decoded record: re-encoded
+    [(plan_json,)] = raw("SELECT plan_json FROM history_executions")
+    assert plan_json != plan_text and json.loads(plan_json) == expected.plan
