@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -76,8 +77,10 @@ class Runtime:
         await asyncio.gather(*(i.stop(drain_timeout_s=5) for i in self.instances))
 
 
-@pytest_asyncio.fixture
-async def runtime(redis: Redis) -> AsyncIterator[Runtime]:
+@contextlib.asynccontextmanager
+async def runtime_with_tenants(redis: Any) -> AsyncIterator[Runtime]:
+    """A :class:`Runtime` on ``redis`` (any client: standalone or cluster) with the test
+    tenants' settings stored; its instances are stopped on the way out."""
     rt = Runtime(redis)
     for tenant in TEST_TENANTS:
         await rt.registry.put_tenant(tenant_settings(tenant))
@@ -85,6 +88,12 @@ async def runtime(redis: Redis) -> AsyncIterator[Runtime]:
         yield rt
     finally:
         await _stopped(rt.close(), "instances")
+
+
+@pytest_asyncio.fixture
+async def runtime(redis: Redis) -> AsyncIterator[Runtime]:
+    async with runtime_with_tenants(redis) as rt:
+        yield rt
 
 
 async def _stopped(closing: Awaitable[Any], what: str) -> None:

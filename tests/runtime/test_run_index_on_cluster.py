@@ -29,8 +29,8 @@ from airuntime.core.supervision import Supervisor
 from airuntime.devstack.cluster import LocalCluster
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunStatus
-from tests.runtime.conftest import TEST_TENANTS, Runtime, _stopped
-from tests.runtime.support import eventually, pipeline, request, tenant_settings
+from tests.runtime.conftest import Runtime, runtime_with_tenants
+from tests.runtime.support import eventually, pipeline, request
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,13 +39,8 @@ CONTENDERS = 60
 
 @pytest_asyncio.fixture
 async def cluster_runtime(cluster_redis: CountingRedisCluster) -> AsyncIterator[Runtime]:
-    rt = Runtime(cluster_redis)  # type: ignore[arg-type]
-    for tenant in TEST_TENANTS:
-        await rt.registry.put_tenant(tenant_settings(tenant))
-    try:
+    async with runtime_with_tenants(cluster_redis) as rt:
         yield rt
-    finally:
-        await _stopped(rt.close(), "instances")
 
 
 async def test_concurrent_deliveries_of_one_shared_run_create_one_run_on_the_cluster(
@@ -184,13 +179,8 @@ async def test_the_outcome_reader_reads_and_acknowledges_every_buckets_stream(
 @pytest_asyncio.fixture
 async def any_runtime(engine_redis: RedisClient) -> AsyncIterator[Runtime]:
     """Valkey, Redis 7 and the cluster (``engine_redis``'s parameters)."""
-    rt = Runtime(engine_redis)  # type: ignore[arg-type]
-    for tenant in TEST_TENANTS:
-        await rt.registry.put_tenant(tenant_settings(tenant))
-    try:
+    async with runtime_with_tenants(engine_redis) as rt:
         yield rt
-    finally:
-        await _stopped(rt.close(), "instances")
 
 
 async def test_a_run_accepted_by_a_caller_that_died_before_the_queue_push_is_repaired(
