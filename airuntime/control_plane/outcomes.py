@@ -93,6 +93,11 @@ async def end_shared_run(runs: SharedRunStore, outcome: RunOutcome) -> Transitio
         return None
 
 
+_UNBLOCKED: Final = "UNBLOCKED"
+"""The error a server answers a blocked command with when it turns from master to
+replica (``UNBLOCKED force unblock from blocking operation, instance state changed``)."""
+
+
 class OutcomeReader:
     """Reads the run-outcome stream in the control planes' consumer group."""
 
@@ -177,9 +182,18 @@ class OutcomeReader:
         return total
 
     async def _read(self, stream: str, block_ms: int | None) -> int:
-        reply = await self.redis.xreadgroup(
-            OUTCOME_GROUP, self.consumer, {stream: ">"}, count=self.batch, block=block_ms
-        )
+        try:
+            reply = await self.redis.xreadgroup(
+                OUTCOME_GROUP, self.consumer, {stream: ">"}, count=self.batch, block=block_ms
+            )
+        except ResponseError as exc:
+            if not str(exc).startswith(_UNBLOCKED):
+                raise
+            # The server ended the blocked read because it stopped being the stream's
+            # master (a failover): nothing was delivered; the next read goes to the
+            # new master (the cluster client follows the MOVED it gets).
+            log.info("outcome read on %s unblocked by a role change; reading again", stream)
+            return 0
         return await self._handle(stream, _entries(reply))
 
     async def take_over_abandoned(self) -> int:

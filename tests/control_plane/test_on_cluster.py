@@ -125,6 +125,10 @@ async def own_cluster() -> AsyncIterator[LocalCluster]:
         await asyncio.to_thread(cluster.stop)
 
 
+async def _all_healthy(cp: ControlPlane) -> bool:
+    return not cp.unhealthy_loops()
+
+
 async def test_the_control_slots_master_fails_over_while_runs_flow(
     own_cluster: LocalCluster,
 ) -> None:
@@ -159,6 +163,8 @@ async def test_the_control_slots_master_fails_over_while_runs_flow(
                 lambda: _all_succeeded(cp, every), timeout_s=120, what="every run Succeeded"
             )
             await _each_step_completed_once(redis, cp, every)
-            assert not cp.unhealthy_loops(), cp.supervisor.report()
+            # A loop whose Redis call the failover broke is restarted with backoff and
+            # reported unhealthy meanwhile; each must be healthy again.
+            await wait_for(lambda: _all_healthy(cp), timeout_s=60, what="every loop healthy again")
     finally:
         await redis.aclose()
