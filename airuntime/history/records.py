@@ -150,25 +150,6 @@ class ArchivedEvent:
     type: str
     fields: dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def from_stream(
-        cls, execution_id: str, seq: int, entry_id: str, fields: dict[str, str]
-    ) -> ArchivedEvent:
-        """An entry as the archiver read it from the ledger stream: ``seq`` is its
-        position and ``fields`` were decoded from Redis, strings by construction, so the
-        checks of ``__post_init__`` (a few µs per entry, on every ledger row archived)
-        are not repeated."""
-        event = object.__new__(cls)
-        for name, value in (
-            ("execution_id", execution_id),
-            ("seq", seq),
-            ("entry_id", entry_id),
-            ("type", fields.get("type", "")),
-            ("fields", fields),
-        ):
-            object.__setattr__(event, name, value)
-        return event
-
     def __post_init__(self) -> None:
         _require(
             isinstance(self.seq, int) and self.seq >= 0, f"{self.execution_id}: seq {self.seq!r}"
