@@ -225,7 +225,7 @@ class SharedRunStore:
             ],
             [run.shared_run_id, run.model_dump_json(), run.created_at_ms, run.snapshot.tenant_id],
         )
-        if int(reply) != 1:
+        if int(reply) < 0:  # 0: this call's own write, sent again after a lost reply
             raise ValueError(f"shared run {run.shared_run_id} exists already")
 
     async def get(self, shared_run_id: str) -> SharedRun | None:

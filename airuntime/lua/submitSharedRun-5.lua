@@ -20,9 +20,18 @@
     ARGV[4] tenant id
 
   Output:
-    1 submitted   -1 the SharedRunId exists already (nothing written)
+    1 submitted
+    0 submitted already, by this very call: the client sent it again because the
+      first reply was lost (a failover closes connections after the write); nothing
+      written. SharedRunIds are random, so an existing record with the same creation
+      time and tenant index entry is this submission's own.
+    -1 the SharedRunId exists already as another submission's (nothing written)
 ]]
-if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local created = redis.call('ZSCORE', KEYS[3], ARGV[1])
+  if created and tonumber(created) == tonumber(ARGV[3]) then return 0 end
+  return -1
+end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from airuntime.control_plane.queue_tenants import QueueTenants
@@ -269,6 +270,22 @@ async def test_a_submit_that_died_between_record_and_item_is_requeued(redis: Red
     assert await cp.queue.status(srid, "tenant-r") is QueueItemStatus.PENDING
     claimed = await cp.queue.claim_next("pump")
     assert claimed is not None and claimed.shared_run_id == srid
+
+
+async def test_a_submit_sent_again_after_a_lost_reply_is_the_same_submit(redis: Redis) -> None:
+    """A client resends a command whose reply a failover lost (redis-py retries on a
+    closed connection): the record is written, so the resent submit must succeed, not
+    refuse the run as a duplicate; another submission under the same id still is."""
+    cp = manual_cp(redis)
+    run = _queued_run("tenant-l")
+    await cp.runs.create_queued(run)
+    await cp.runs.create_queued(run)  # the resend
+    assert await cp.runs.require(run.shared_run_id) == run
+    assert await redis.zcard(keys.shared_runs_by_tenant("tenant-l")) == 1
+    other = run.model_copy(update={"created_at_ms": run.created_at_ms + 1})
+    with pytest.raises(ValueError, match="exists already"):
+        await cp.runs.create_queued(other)
+    assert await cp.runs.require(run.shared_run_id) == run
 
 
 async def test_an_enqueue_that_died_before_its_announce_is_found_by_the_reconciler(
