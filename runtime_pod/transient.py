@@ -21,6 +21,7 @@ from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.core.supervision import Backoff
+from airuntime.core.tasks import raise_if_cancelling
 
 __all__ = ["TRANSIENT_ERRORS", "retry_transient"]
 
@@ -56,6 +57,7 @@ async def retry_transient(
         try:
             result = await attempt()
         except TRANSIENT_ERRORS as exc:
+            raise_if_cancelling()  # a stop that surfaced as a connection error
             failures += 1
             if failures == 1:
                 log.warning("%s: Redis unavailable (%s); retrying", what, exc)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from airuntime.core.tasks import cancel_and_wait
+from airuntime.core.tasks import cancel_and_wait, raise_if_cancelling
 
 __all__ = [
     "Backoff",
@@ -117,7 +117,10 @@ class LoopContext:
     _first_ok: asyncio.Event = field(default_factory=asyncio.Event)
 
     def ok(self) -> None:
-        """One iteration succeeded: the loop is healthy and its backoff resets."""
+        """One iteration succeeded: the loop is healthy and its backoff resets. Raises
+        ``CancelledError`` instead when the loop's task was asked to stop meanwhile
+        (:func:`~airuntime.core.tasks.raise_if_cancelling`)."""
+        raise_if_cancelling()
         h = self.health
         if h.consecutive_errors:
             log.warning(
@@ -189,6 +192,7 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                raise_if_cancelling()  # a stop that surfaced as an error is a stop
                 self._failed(name, health, exc)
             else:
                 self._failed(name, health, RuntimeError("the loop returned; restarting it"))

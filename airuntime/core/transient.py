@@ -27,6 +27,7 @@ from typing import TypeVar
 from redis import exceptions as redis_errors
 
 from airuntime.core.supervision import Backoff
+from airuntime.core.tasks import raise_if_cancelling
 
 __all__ = ["TRANSIENT_ERRORS", "is_transient", "retry_transient"]
 
@@ -71,6 +72,7 @@ async def retry_transient(
         try:
             return await call()
         except TRANSIENT_ERRORS as exc:
+            raise_if_cancelling()  # a stop that surfaced as a connection error
             failures += 1
             if on_error is not None:
                 on_error(exc)

@@ -91,6 +91,49 @@ async def test_stop_cancels_every_loop_and_a_name_is_unique_while_running() -> N
     assert sorted(cancelled) == list(range(5))
 
 
+async def _read_that_swallows_a_cancellation(swallowed: asyncio.Event) -> None:
+    """What a Redis client that retries a read whose cancellation surfaced as a timeout
+    does: the cancellation is lost and the call returns as if nothing happened."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        swallowed.set()
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["returns", "raises"])
+async def test_stop_ends_loops_whose_cancellation_a_call_swallowed(failing: bool) -> None:
+    """A loop (and each of its TaskGroup children, which a TaskGroup cancels only once)
+    ends on stop although the call it was in swallowed the cancellation: returning from
+    it (``ctx.ok()`` checks) or failing with a connection error (the supervisor checks)."""
+    children = 4
+    reading = asyncio.Barrier(children + 1)
+    swallowed = [asyncio.Event() for _ in range(children)]
+    turns = [0] * children
+
+    async def follow(i: int, ctx: LoopContext) -> None:
+        while True:
+            turns[i] += 1
+            if turns[i] == 1:
+                await reading.wait()
+            await _read_that_swallows_a_cancellation(swallowed[i])
+            if failing and swallowed[i].is_set():
+                raise ConnectionError("the read's connection was closed under it")
+            ctx.ok()
+
+    async def loop(ctx: LoopContext) -> None:
+        async with asyncio.TaskGroup() as group:
+            for i in range(children):
+                group.create_task(follow(i, ctx))
+
+    sup = Supervisor("test", backoff=FAST)
+    sup.start("outcomes", loop)
+    await reading.wait()
+    await asyncio.wait_for(sup.stop(), 10)
+    assert all(e.is_set() for e in swallowed)  # every child lost a cancellation...
+    assert turns == [1] * children  # ...and none read again after it
+    assert sup.loops["outcomes"].state is LoopState.STOPPED
+
+
 @given(
     failures=st.integers(min_value=1, max_value=60),
     initial=st.floats(min_value=0.001, max_value=1.0),
