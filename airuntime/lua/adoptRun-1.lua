@@ -14,12 +14,22 @@
     ARGV[3] now, milliseconds (ledger only; the decision does not use time)
 
   Output:
-    1 adopted
+    1 adopted (also to this very call sent again after a lost reply: the run is
+      already the adopter's, from ARGV[1], at ARGV[3]; nothing written again)
     0 not adopted: the run is gone, finished or owned by someone else now
 
 ]]
 local runKey = KEYS[1]
 local owner = redis.call('HGET', runKey, 'instance_id')
+if owner and owner == ARGV[2] and owner ~= ARGV[1] then
+  -- Sent again after its reply was lost? The same adopter, from the same dead owner,
+  -- at the same caller time: this call's own write, so adopted, as the first call said.
+  local from = redis.call('HGET', runKey, 'adopted_from') or ''
+  local at = redis.call('HGET', runKey, 'adopted_at_ms')
+  local last = string.match(from, '([^,]+)$')
+  if at == ARGV[3] and last == ARGV[1] then return 1 end
+  return 0
+end
 if not owner or owner ~= ARGV[1] then return 0 end
 local status = redis.call('HGET', runKey, 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end

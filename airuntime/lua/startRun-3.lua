@@ -20,13 +20,20 @@
     ARGV[3] ExecutionId to record
 
   Output:
-    {1, startedAtMs}   started: status running, execution_id set
+    {1, startedAtMs}   started: status running, execution_id set (also to this very
+                       call sent again after a lost reply: same instance, same new
+                       ExecutionId; nothing written again)
     {0, status}        not started ('missing' when the record is gone)
 ]]
 --- @include "nowMs"
 
-local run = redis.call('HMGET', KEYS[1], 'status', 'instance_id')
+local run = redis.call('HMGET', KEYS[1], 'status', 'instance_id', 'execution_id', 'started_at_ms')
 if not run[1] then return {0, 'missing'} end
+if run[1] == 'running' and run[2] == ARGV[2] and run[3] == ARGV[3] then
+  -- This very start, sent again after its reply was lost (the ExecutionId is new for
+  -- every start attempt, so nobody else wrote it): started, as the first call said.
+  return {1, tonumber(run[4])}
+end
 if run[1] ~= 'queued' or run[2] ~= ARGV[2] then return {0, run[1]} end
 local now = nowMs()
 redis.call('HSET', KEYS[1], 'status', 'running', 'execution_id', ARGV[3], 'started_at_ms', now)
