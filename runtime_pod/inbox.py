@@ -31,7 +31,7 @@ from redis.exceptions import ResponseError
 from airuntime.core import keys
 from airuntime.core.slots import ensure_transaction_slot
 from airuntime.core.supervision import LoopContext
-from airuntime.fleet.blocking import block_slice_s
+from airuntime.fleet.blocking import block_slice_s, unless_unblocked
 from runtime_pod.intake import RunRefused
 from runtime_pod.transient import TRANSIENT_ERRORS
 
@@ -76,8 +76,11 @@ class Inbox:
         claim_every_s = self.inst.config.heartbeat_ttl_ms / 1000
         last_claim = time.monotonic()
         while True:
-            reply: Any = await self.redis.xreadgroup(
-                GROUP, self.consumer, {self.stream: ">"}, count=_BATCH, block=block_ms
+            reply: Any = await unless_unblocked(
+                lambda: self.redis.xreadgroup(
+                    GROUP, self.consumer, {self.stream: ">"}, count=_BATCH, block=block_ms
+                ),
+                f"inbox read on {self.stream}",
             )
             for _, entries in reply or []:
                 for entry_id, fields in entries:

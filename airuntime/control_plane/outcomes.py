@@ -27,6 +27,7 @@ from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.supervision import LoopContext
+from airuntime.fleet.blocking import unless_unblocked
 from airuntime.fleet.outcomes import RunOutcome
 from airuntime.fleet.runs import RunRecord, RunStatus
 
@@ -91,11 +92,6 @@ async def end_shared_run(runs: SharedRunStore, outcome: RunOutcome) -> Transitio
         return await runs.transition(outcome.shared_run_id, status, **changes)
     except KeyError:
         return None
-
-
-_UNBLOCKED: Final = "UNBLOCKED"
-"""The error a server answers a blocked command with when it turns from master to
-replica (``UNBLOCKED force unblock from blocking operation, instance state changed``)."""
 
 
 class OutcomeReader:
@@ -182,18 +178,12 @@ class OutcomeReader:
         return total
 
     async def _read(self, stream: str, block_ms: int | None) -> int:
-        try:
-            reply = await self.redis.xreadgroup(
+        reply = await unless_unblocked(
+            lambda: self.redis.xreadgroup(
                 OUTCOME_GROUP, self.consumer, {stream: ">"}, count=self.batch, block=block_ms
-            )
-        except ResponseError as exc:
-            if not str(exc).startswith(_UNBLOCKED):
-                raise
-            # The server ended the blocked read because it stopped being the stream's
-            # master (a failover): nothing was delivered; the next read goes to the
-            # new master (the cluster client follows the MOVED it gets).
-            log.info("outcome read on %s unblocked by a role change; reading again", stream)
-            return 0
+            ),
+            f"outcome read on {stream}",
+        )
         return await self._handle(stream, _entries(reply))
 
     async def take_over_abandoned(self) -> int:

@@ -35,7 +35,7 @@ from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.core.redis_client import RedisClient
-from airuntime.fleet.blocking import block_slice_s
+from airuntime.fleet.blocking import block_slice_s, unless_unblocked
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunRequest
 
@@ -169,7 +169,10 @@ class RedisProvider:
         """BLPOP in slices the connection's socket timeout allows, until ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
         while (left := deadline - time.monotonic()) > 0:
-            got: Any = await self.redis.blpop([reply_to], timeout=block_slice_s(self.redis, left))
+            got: Any = await unless_unblocked(
+                lambda: self.redis.blpop([reply_to], timeout=block_slice_s(self.redis, left)),
+                f"reply wait on {reply_to}",
+            )
             if got is not None:
                 return got[1]
         return None
