@@ -56,7 +56,7 @@ from airuntime.fleet.tenancy import TenantSettings, is_visible
 from runtime_pod.adoption import Adoption
 from runtime_pod.inbox import Inbox
 from runtime_pod.intake import RunRefused, accept_run, accept_runs
-from runtime_pod.participation import Participation
+from runtime_pod.participation import Participation, run_metadata, start_entry
 from runtime_pod.step_slots import StepSlotController
 
 __all__ = ["LOOPS", "InstanceHooks", "RunRefused", "RuntimeInstance"]
@@ -409,7 +409,9 @@ class RuntimeInstance:
             return False
         try:
             started = await self.index.start_many(
-                self.instance_id, [(r.run_id, eid) for r, _, _, eid in plans]
+                self.instance_id,
+                [(r.run_id, eid) for r, _, _, eid in plans],
+                [run_metadata(start_entry(self, r, q, w)) for r, q, w, _ in plans],
             )
         except BaseException:
             for record, _, workers, _ in plans:

@@ -36,7 +36,7 @@ from runtime_pod.transient import TRANSIENT_ERRORS, retry_transient
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance
 
-__all__ = ["PARTICIPATION_LOOP", "Participation"]
+__all__ = ["PARTICIPATION_LOOP", "Participation", "run_metadata", "start_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,29 @@ _TERMINAL_TO_RUN = {
     ExecutionStatus.FAILED: RunStatus.FAILED,
     ExecutionStatus.CANCELLED: RunStatus.CANCELLED,
 }
+
+
+def start_entry(
+    inst: RuntimeInstance, record: RunRecord, request: RunRequest, workers: int
+) -> dict[str, str]:
+    """The ``run_started`` ledger entry of ``record`` run by ``inst`` with ``workers``."""
+    return {
+        "run_id": record.run_id,
+        "runtime.instance.id": inst.instance_id,
+        "assigned.runtime.instance.id": request.metadata.get(
+            "assigned.runtime.instance.id", inst.instance_id
+        ),
+        "max.local.workers.per.execution": str(inst.config.max_local_workers_per_execution),
+        "effective.worker.count.per.execution": str(workers),
+        "tenant.id": record.tenant_id,
+        "tenant.groupId": record.tenant_group_id or "",
+        "runtime.isolation.mode": inst.config.isolation_mode.value,
+    }
+
+
+def run_metadata(entry: dict[str, str]) -> dict[str, str]:
+    """The part of a ``run_started`` entry the run record's metadata keeps (dotted keys)."""
+    return {k: v for k, v in entry.items() if "." in k}
 
 
 class Participation:
@@ -96,7 +119,9 @@ class Participation:
         if plan is None:
             return
         eid = self.execution_id
+        ledger = self._start_entry()
         try:
+            # The run_started entry goes into the ledger with the creation (one call).
             await self._retry(
                 "creating the execution",
                 lambda: self.inst.store.create(
@@ -106,12 +131,13 @@ class Participation:
                     inputs=self.request.inputs,
                     retention_s=self.inst.config.run_retention_s,
                     archive_hold_s=self.inst.config.archive_hold(),
+                    then_record=("run_started", ledger),
                 ),
             )
         except AirError as exc:
             await self._finish(RunStatus.FAILED, str(exc))
             return
-        await self._started()
+        await self._started(ledger)
         known = KnownExecution(
             plan, merged_inputs(plan, self.request.inputs), self.record.snapshot.tenant_id
         )
@@ -126,9 +152,9 @@ class Participation:
             log.exception("run %s: execution %s failed", self.record.run_id, eid)
             await self._finish(RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}")
             return
-        # Idempotent: confirms the terminal state and takes the execution out of the
-        # engine's active set (nothing else does for executions a runtime ran).
-        await self._retry("finalizing the execution", lambda: self.inst.store.finalize(eid))
+        # No finalize call here: a terminal status is only ever reported by the script
+        # that finalized the execution, which also took it out of the active index and
+        # queued it for the archiver (includes/finalize.lua).
         status = _TERMINAL_TO_RUN.get(final, RunStatus.FAILED)
         await self._finish(status, None if status is RunStatus.COMPLETED else str(final))
 
@@ -162,28 +188,18 @@ class Participation:
                 await self._finish(RunStatus.FAILED, f"pipeline: {exc}", created=False)
             return None
 
-    async def _started(self) -> None:
+    def _start_entry(self) -> dict[str, str]:
+        return start_entry(self.inst, self.record, self.request, self.workers)
+
+    async def _started(self, ledger: dict[str, str]) -> None:
         inst, record = self.inst, self.record
-        ledger = {
-            "run_id": record.run_id,
-            "runtime.instance.id": inst.instance_id,
-            "assigned.runtime.instance.id": self.request.metadata.get(
-                "assigned.runtime.instance.id", inst.instance_id
-            ),
-            "max.local.workers.per.execution": str(inst.config.max_local_workers_per_execution),
-            "effective.worker.count.per.execution": str(self.workers),
-            "tenant.id": record.tenant_id,
-            "tenant.groupId": record.tenant_group_id or "",
-            "runtime.isolation.mode": inst.config.isolation_mode.value,
-        }
-        eid = self.execution_id
-        await self._retry(
-            "recording the start", lambda: inst.store.record_event(eid, "run_started", ledger)
-        )
-        metadata = {k: v for k, v in ledger.items() if "." in k}
-        await self._retry(
-            "recording the start", lambda: inst.index.set_metadata(record.run_id, metadata)
-        )
+        if not self.just_started:
+            # A fresh start wrote this metadata with the start itself (startRun);
+            # a resumed or adopted run records who runs it now.
+            metadata = run_metadata(ledger)
+            await self._retry(
+                "recording the start", lambda: inst.index.set_metadata(record.run_id, metadata)
+            )
         inst.run_state(record.run_id, RunStatus.RUNNING)
 
     async def _finish(self, status: RunStatus, reason: str | None, *, created: bool = True) -> None:

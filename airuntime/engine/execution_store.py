@@ -164,6 +164,11 @@ class LedgerEvent:
         return self.fields.get(name, default)
 
 
+def _entry(event_type: str, fields: Mapping[str, str]) -> list[str]:
+    """A ledger entry of another component as XADD's field, value, ... (with ``type``)."""
+    return [x for k, v in {**fields, "type": event_type}.items() for x in (k, v)]
+
+
 def _create_args(
     eid: str,
     plan: Plan,
@@ -264,17 +269,22 @@ class ExecutionStore:
         inputs: Mapping[str, Any] | None = None,
         retention_s: int = DEFAULT_RETENTION_S,
         archive_hold_s: int | None = None,
+        then_record: tuple[str, Mapping[str, str]] | None = None,
     ) -> str:
         """Write a new execution (idempotent for the same id and plan) and return its id.
 
         ``archive_hold_s`` None: archiving off, finalization sets ``retention_s`` as the
         keys' TTL. Otherwise finalization queues the execution on the archive outbox
         and sets this fallback TTL (0: none); the archiver sets ``retention_s`` once it
-        has durably archived the execution."""
+        has durably archived the execution. ``then_record``: ``(type, fields)`` of one
+        more ledger entry appended in the same call, whether the execution was created
+        now or existed (as :meth:`record_event` would; the runtime's ``run_started``)."""
         eid = execution_id or f"ex-{uuid.uuid4().hex}"
         args = _create_args(
             eid, plan, context, merged_inputs(plan, inputs), retention_s, archive_hold_s
         )
+        if then_record is not None:
+            args += _entry(*then_record)
         if not self._layout_checked:
             await check_layout(self.redis)
             self._layout_checked = True
@@ -433,13 +443,12 @@ class ExecutionStore:
         step-slot evidence) to the execution's ledger; False when the execution's ledger
         is gone (retention): a ledger is never recreated without its TTL."""
         ek = self.keys_of(execution_id)
-        entry = [x for k, v in {**fields, "type": event_type}.items() for x in (k, v)]
         # After the archive, the script queues the execution again (recordEvent-3.lua).
         added = await self.scripts.call(
             self.redis,
             "recordEvent",
             [ek.events, ek.meta, ek.bucket.outbox],
-            [execution_id, *entry],
+            [execution_id, *_entry(event_type, fields)],
         )
         return bool(added)
 

@@ -225,14 +225,21 @@ class RunIndex:
             )
         return existing, False
 
-    async def start_many(self, instance_id: str, starts: list[tuple[str, str]]) -> list[bool]:
+    async def start_many(
+        self,
+        instance_id: str,
+        starts: list[tuple[str, str]],
+        metadata: list[dict[str, str]] | None = None,
+    ) -> list[bool]:
         """:meth:`start` of many ``(run_id, execution_id)`` in one round trip (each run
         started atomically on its own), then out of the local queue; one answer per
-        run."""
+        run. ``metadata``: per start, entries merged into the record's metadata by the
+        start itself (a run not started gets none)."""
         if not starts:
             return []
+        extra = metadata if metadata is not None else [{}] * len(starts)
         calls = []
-        for run_id, execution_id in starts:
+        for (run_id, execution_id), more in zip(starts, extra, strict=True):
             bucket = keys.run_bucket_of(run_id, self.buckets)
             calls.append(
                 (
@@ -241,7 +248,7 @@ class RunIndex:
                         bucket.in_state(RunStatus.QUEUED),
                         bucket.in_state(RunStatus.RUNNING),
                     ],
-                    [run_id, instance_id, execution_id],
+                    [run_id, instance_id, execution_id, json.dumps(more) if more else ""],
                 )
             )
         replies = await self.scripts.call_many(self.redis, "startRun", calls)

@@ -8,7 +8,7 @@
 
   Input:
     KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES)
-    KEYS[22] air:executions:active (of the execution's bucket)   KEYS[23] air:archive:outbox (of the execution's bucket) (not written here)
+    KEYS[22] air:executions:active (of the execution's bucket)   KEYS[23] air:archive:outbox (of the execution's bucket) (written only to queue an archived execution again for a new entry)
     KEYS[24] air:executions (of the execution's bucket)
     ARGV[1]  execution id
     ARGV[2]  plan JSON
@@ -27,6 +27,11 @@
     ARGV[12 + 7*(i-1) .. ] per step: id, order, number of dependencies,
              children (comma-separated), refs (comma-separated), kind ('' | t | i),
              max attempts
+    ARGV[12 + 7*N ..] optional: one more ledger entry to append after creating (or
+             finding) the execution, field, value, ... with `type` -- the runtime's
+             `run_started`, so starting a run costs one round trip (see
+             includes/appendEntry: on an existing execution it is appended like
+             recordEvent's entries)
 
   Output:
     {1, status}  created
@@ -38,17 +43,21 @@
 --- @include "emit"
 --- @include "enqueueReady"
 --- @include "refreshStatus"
+--- @include "appendEntry"
 
 local ek = execKeys(KEYS)
+local n = tonumber(ARGV[10])
+local entry = {}
+for i = 12 + 7 * n, #ARGV do entry[#entry + 1] = ARGV[i] end
 if redis.call('EXISTS', ek.meta) == 1 then
   if redis.call('HGET', ek.meta, 'plan_digest') == ARGV[3] then
+    if #entry > 0 then appendEntry(ek.events, ek.meta, ek.archiveOutbox, ARGV[1], entry) end
     return {0, redis.call('HGET', ek.meta, 'status')}
   end
   return {-9}
 end
 
 local now = nowMs()
-local n = tonumber(ARGV[10])
 redis.call('HSET', ek.meta,
   'execution_id', ARGV[1], 'plan_digest', ARGV[3], 'pipeline_id', ARGV[4],
   'failure_policy', ARGV[5], 'retention_s', ARGV[6], 'tenant_id', ARGV[7],
@@ -81,5 +90,6 @@ emit(ek, 'type', 'execution_created', 'pipeline', ARGV[4], 'steps', n, 'tenant',
 redis.call('ZADD', ek.listIndex, 'NX', now, ARGV[1])
 redis.call('ZADD', ek.activeIndex, 'NX', now, ARGV[1])
 for _, step in ipairs(roots) do enqueueReady(ek, step) end
+if #entry > 0 then emit(ek, unpack(entry)) end
 local status = refreshStatus(ek)
 return {1, status}

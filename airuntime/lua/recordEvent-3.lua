@@ -17,15 +17,8 @@
     1   appended
     2   appended, and the execution queued for the archiver again
 ]]
---- @include "nowMs"
+--- @include "appendEntry"
 
 local entry = {}
 for i = 2, #ARGV do entry[#entry + 1] = ARGV[i] end
-local id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', unpack(entry))
-if not id then return 0 end
-local meta = redis.call('HMGET', KEYS[2], 'terminal', 'archive_hold_s')
-if meta[1] and meta[2] and not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-  redis.call('ZADD', KEYS[3], nowMs(), ARGV[1])
-  return 2
-end
-return 1
+return appendEntry(KEYS[1], KEYS[2], KEYS[3], ARGV[1], entry)

@@ -18,6 +18,9 @@
     ARGV[1] RunId
     ARGV[2] instance id (the caller)
     ARGV[3] ExecutionId to record
+    ARGV[4] optional: a JSON object of metadata entries merged into the record's
+            `metadata` (who runs it, with how many workers), so the start needs no
+            second write
 
   Output:
     {1, startedAtMs}   started: status running, execution_id set (also to this very
@@ -37,6 +40,13 @@ end
 if run[1] ~= 'queued' or run[2] ~= ARGV[2] then return {0, run[1]} end
 local now = nowMs()
 redis.call('HSET', KEYS[1], 'status', 'running', 'execution_id', ARGV[3], 'started_at_ms', now)
+if ARGV[4] and ARGV[4] ~= '' then
+  local raw = redis.call('HGET', KEYS[1], 'metadata')
+  local merged = {}
+  if raw then merged = cjson.decode(raw) end
+  for k, v in pairs(cjson.decode(ARGV[4])) do merged[k] = v end
+  redis.call('HSET', KEYS[1], 'metadata', cjson.encode(merged))
+end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[3], now, ARGV[1])
 return {1, now}

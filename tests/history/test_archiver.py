@@ -313,6 +313,40 @@ async def test_evidence_the_runtime_writes_while_the_archiver_looks_is_archived(
     assert [e.seq for e in captured.events] == list(range(len(types)))
 
 
+async def test_an_entry_written_with_the_creation_is_recorded_like_late_evidence(
+    redis: Redis,
+) -> None:
+    """``create(then_record=...)`` (the runtime's ``run_started``, in the same call as
+    the creation) appends the entry after the creation's own; on an execution that
+    exists and was archived meanwhile (a resumed run) it appends it again and queues
+    the execution for the archiver once more, as recordEvent does."""
+    store = ExecutionStore(redis)
+    plan = plan_of({"a": [], "b": ["a"]})
+
+    async def create(eid: str | None, run_id: str) -> str:
+        return await store.create(
+            plan,
+            execution_id=eid,
+            retention_s=RETENTION_S,
+            archive_hold_s=HOLD_S,
+            then_record=("run_started", {"run_id": run_id}),
+        )
+
+    eid = await create(None, "run-1")
+    events = await store.events(eid)
+    assert [e.type for e in events] == ["execution_created", "run_started"]
+    assert events[1].get("run_id") == "run-1"
+    assert await _outbox(redis) == {}, "not finalized: nothing queued"
+    await WorkerPool(store, settings=PoolSettings(workers=2)).run(eid)
+    assert list(await _outbox(redis)) == [eid]
+    await redis.zrem(keys.archive_outbox(), eid)  # archived and settled
+    assert await create(eid, "run-1") == eid
+    started = [e.get("run_id") for e in await store.events(eid) if e.type == "run_started"]
+    assert started == ["run-1", "run-1"]
+    assert list(await _outbox(redis)) == [eid], "queued again for the new entry"
+    assert (await store.info(eid)).status == "Succeeded", "nothing else changed"
+
+
 async def test_the_archiver_drains_every_bucket_of_a_cluster(
     cluster_redis: CountingRedisCluster, history: HistoryStore
 ) -> None:

@@ -63,3 +63,24 @@ async def test_a_resent_adoption_is_the_same_adoption_and_another_is_refused(
     assert fields[b"adopted_from"] == b"dead-1,live-1"
     assert await adopt("dead-1", "live-2", now) == 0, "live-2 did not adopt it from dead-1"
     assert await redis.exists(index.run_key(run_id)) == 1
+
+
+async def test_a_start_merges_the_runners_metadata_once_and_a_refused_start_writes_none(
+    runtime: Runtime,
+) -> None:
+    """The start script writes who runs the run into its metadata (no second write
+    after it), keeping what the submitter gave; a resend changes nothing, and a start
+    that is refused leaves the metadata as it was."""
+    index = runtime.index
+    sent = request(pipeline(1)).model_copy(update={"metadata": {"team": "blue", "a.b": "old"}})
+    run_id, _ = await index.accept("rs-1", sent)
+    runner = {"runtime.instance.id": "rs-1", "a.b": "new"}
+    assert await index.start_many("rs-1", [(run_id, "ex-first")], [runner]) == [True]
+    record = await index.get_for_tenant(run_id, "tenant-a")
+    assert record is not None
+    assert record.metadata == {"team": "blue", "a.b": "new", "runtime.instance.id": "rs-1"}
+    assert await index.start_many("rs-1", [(run_id, "ex-first")], [{"x.y": "1"}]) == [True]
+    refused = await index.start_many("rs-2", [(run_id, "ex-other")], [{"x.y": "2"}])
+    assert refused == [False]
+    final = await index.get_for_tenant(run_id, "tenant-a")
+    assert final is not None and final.metadata == record.metadata
