@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
+from airuntime.core.scripts import ScriptCall
 from airuntime.engine.execution_store import merged_inputs
 from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
 from airuntime.engine.status import ExecutionStatus
@@ -203,10 +204,10 @@ class Participation:
         inst.run_state(record.run_id, RunStatus.RUNNING)
 
     async def _finish(self, status: RunStatus, reason: str | None, *, created: bool = True) -> None:
-        """Evidence to the ledger, then the run finished with its outcome (one script)."""
+        """Evidence to the ledger, then the run finished with its outcome (one script),
+        both in one round trip where the server keeps their order."""
         evidence = self._take_evidence()
-        if created:
-            await self._record_evidence(evidence)
+        first = [self._evidence_call(evidence)] if created else []
         finished = await self._retry(
             "finishing the run",
             lambda: self.inst.index.finish(
@@ -215,6 +216,7 @@ class Participation:
                 reason=reason,
                 execution_id=self.execution_id if created else None,
                 step_slots=evidence,
+                after=first,
             ),
         )
         if finished:
@@ -238,7 +240,7 @@ class Participation:
         finally:
             evidence = self._take_evidence()
             with contextlib.suppress(Exception):
-                await self._record_evidence(evidence, retry=False)
+                await self._record_evidence(evidence)
             with contextlib.suppress(Exception):
                 await self.inst.redis.delete(keys.assist_lease(eid, self.inst.instance_id))
 
@@ -249,19 +251,20 @@ class Participation:
         evidence = self.inst.slots.pop_evidence(self.execution_id)
         return evidence.to_dict()
 
-    async def _record_evidence(self, evidence: dict[str, int], *, retry: bool = True) -> None:
+    def _evidence_fields(self, evidence: dict[str, int]) -> dict[str, str]:
+        """The ``step_slots`` ledger entry of this instance's evidence."""
         fields = {k: str(v) for k, v in evidence.items()}
         fields["runtime.instance.id"] = self.inst.instance_id
         fields["assisting"] = "1" if self.assisting else "0"
-        eid = self.execution_id
+        return fields
 
-        def write() -> Awaitable[bool]:
-            return self.inst.store.record_event(eid, "step_slots", fields)
+    def _evidence_call(self, evidence: dict[str, int]) -> ScriptCall:
+        fields = self._evidence_fields(evidence)
+        return self.inst.store.event_call(self.execution_id, "step_slots", fields)
 
-        if retry:
-            await self._retry("recording the step-slot evidence", write)
-        else:
-            await write()
+    async def _record_evidence(self, evidence: dict[str, int]) -> None:
+        fields = self._evidence_fields(evidence)
+        await self.inst.store.record_event(self.execution_id, "step_slots", fields)
 
     async def _retry(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         return await retry_transient(

@@ -71,6 +71,12 @@ class QueueTenants:
         """``tenant_id`` has (or may have) work: listed, with a new generation."""
         await self.redis.zincrby(keys.squeue_tenants(), 1, tenant_id)
 
+    @staticmethod
+    def announce_command(tenant_id: str) -> tuple[str, str, int, str]:
+        """The command of :meth:`announce`, for a caller that sends it with others (after
+        the tenant's item is Pending)."""
+        return ("ZINCRBY", keys.squeue_tenants(), 1, tenant_id)
+
     async def listed(self) -> list[tuple[str, int]]:
         """Every listed tenant with its generation."""
         raw: Any = await self.redis.zrange(keys.squeue_tenants(), 0, -1, withscores=True)

@@ -42,6 +42,7 @@ from airuntime.control_plane.dispatch import (
 )
 from airuntime.control_plane.outcomes import OutcomeReader, end_shared_run, outcome_of
 from airuntime.control_plane.pump import BackgroundPump, PumpResult, SharedQueuePump
+from airuntime.control_plane.queue_tenants import QueueTenants
 from airuntime.control_plane.reconciler import Reconciler
 from airuntime.control_plane.retention import Retention, RetentionPolicy
 from airuntime.control_plane.run_details import (
@@ -58,7 +59,12 @@ from airuntime.control_plane.scale_out import (
 from airuntime.control_plane.scale_out.requests import ScaleOutBackoff
 from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
 from airuntime.control_plane.shared_queue import SharedQueue
-from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
+from airuntime.control_plane.shared_runs import (
+    SharedRun,
+    SharedRunStatus,
+    SharedRunStore,
+    check_created,
+)
 from airuntime.control_plane.suspects import SuspectMarks, SuspectPolicy
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot, use_context
@@ -304,11 +310,22 @@ class ControlPlane:
             replay_of=replay_of,
         )
         # Record and indexes in one script (the control slot), then the queue item (the
-        # tenant's queue slot): a cancel in between finds the record and no item, and
-        # the pump drops the item it claims later; a crash in between leaves the run
-        # QueuedGlobally without an item, which the reconciler requeues.
-        await self.runs.create_queued(run)
-        await self.queue.enqueue(run.shared_run_id, snapshot.tenant_id)
+        # tenant's queue slot), then the tenant announced to the pumps: in this order,
+        # in one round trip where the server keeps the order (call_in_order). A cancel
+        # in between finds the record and no item, and the pump drops the item it
+        # claims later; a crash in between leaves the run QueuedGlobally without an
+        # item, which the reconciler requeues (also the repair when a script-cache loss
+        # makes the record land after its item).
+        tenant_id = snapshot.tenant_id
+        replies = await self.queue.scripts.call_in_order(
+            self.redis,
+            [
+                SharedRunStore.create_call(run),
+                self.queue.enqueue_call(run.shared_run_id, tenant_id),
+            ],
+            then=[QueueTenants.announce_command(tenant_id)],
+        )
+        check_created(run, replies[0])
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.
             await self.dispatcher.dispatch_run(run.shared_run_id)

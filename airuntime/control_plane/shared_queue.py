@@ -32,7 +32,7 @@ from airuntime.control_plane.queue_tenants import QueueTenants, TenantHead
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
-from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,17 @@ class SharedQueue:
 
     async def _run(self, name: str, tenant_id: str, *args: str | int) -> Any:
         return await self.scripts.call(self.redis, name, *self._call(tenant_id, *args))
+
+    def enqueue_call(
+        self, shared_run_id: str, tenant_id: str, *, requeue: bool = False
+    ) -> ScriptCall:
+        """The ``enqueueSharedRun`` call of :meth:`enqueue`, for a caller that sends it
+        with others; the tenant's announce (:meth:`QueueTenants.announce_command`) must
+        follow it."""
+        return ScriptCall(
+            "enqueueSharedRun",
+            *self._call(tenant_id, shared_run_id, "1" if requeue else "0", tenant_id),
+        )
 
     async def enqueue(self, shared_run_id: str, tenant_id: str, *, requeue: bool = False) -> bool:
         """Put the run Pending at the tail of its tenant's queue (idempotent), then

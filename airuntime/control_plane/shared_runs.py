@@ -39,7 +39,7 @@ from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
-from airuntime.core.scripts import library
+from airuntime.core.scripts import ScriptCall, library
 from airuntime.core.slots import ensure_transaction_slot
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,13 @@ def _index_terminal(pipe: Any, before: SharedRun, after: SharedRun) -> None:
         pipe.zadd(keys.shared_run_archive_outbox(), finished, nx=True)
 
 
+def check_created(run: SharedRun, reply: Any) -> None:
+    """Raise unless ``submitSharedRun`` created ``run`` (1), or this very call did
+    before its reply was lost (0)."""
+    if int(reply) < 0:
+        raise ValueError(f"shared run {run.shared_run_id} exists already")
+
+
 class SharedRunStore:
     """Shared run records (one JSON document per run; tenant, open and finished indexes)."""
 
@@ -211,10 +218,17 @@ class SharedRunStore:
         """Persist a new QueuedGlobally run and index it, in one script
         (``submitSharedRun-5.lua``); the caller then enqueues its item
         (:meth:`SharedQueue.enqueue <airuntime.control_plane.shared_queue.SharedQueue.enqueue>`)."""
+        call = self.create_call(run)
+        reply = await library().call(self.redis, call.name, call.keys, call.args)
+        check_created(run, reply)
+
+    @staticmethod
+    def create_call(run: SharedRun) -> ScriptCall:
+        """The script call of :meth:`create_queued`, for a caller that sends it with
+        others; :func:`check_created` judges its reply."""
         if run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             raise ValueError(f"create_queued needs a QueuedGlobally run, got {run.status}")
-        reply = await library().call(
-            self.redis,
+        return ScriptCall(
             "submitSharedRun",
             [
                 keys.shared_run(run.shared_run_id),
@@ -225,8 +239,6 @@ class SharedRunStore:
             ],
             [run.shared_run_id, run.model_dump_json(), run.created_at_ms, run.snapshot.tenant_id],
         )
-        if int(reply) < 0:  # 0: this call's own write, sent again after a lost reply
-            raise ValueError(f"shared run {run.shared_run_id} exists already")
 
     async def get(self, shared_run_id: str) -> SharedRun | None:
         raw = await self.redis.get(keys.shared_run(shared_run_id))

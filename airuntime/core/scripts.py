@@ -8,7 +8,10 @@ first line naming the airuntime version, so two releases sharing one Redis never
 each other's code (their SHAs differ). A server that lost its script cache answers
 NOSCRIPT; the script is loaded again and the call retried once. :meth:`ScriptLibrary.call_many`
 sends many calls of one script in one round trip (a pipeline, each call still atomic on
-its own), which is how the dispatch path batches per-run scripts.
+its own), which is how the dispatch path batches per-run scripts;
+:meth:`ScriptLibrary.call_in_order` sends calls of different scripts that must run in
+a given order (one round trip on a standalone server, one call after the other on a
+cluster, where a pipeline to several nodes keeps no order).
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from airuntime.core.errors import ScriptError
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, is_cluster
 from airuntime.core.slots import check_script
 from airuntime.core.version import installed_version
 
@@ -34,6 +37,15 @@ _INCLUDE = re.compile(r'^---\s*@include\s+"(?P<name>[A-Za-z0-9_]+)"\s*$')
 
 KeyArg = str | bytes
 Arg = str | bytes | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One call of a script by name, sent with others (:meth:`ScriptLibrary.call_in_order`)."""
+
+    name: str
+    keys: Sequence[KeyArg]
+    args: Sequence[Arg] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +145,62 @@ class ScriptLibrary:
                 replies[i] = reply
         return replies
 
+    async def call_in_order(
+        self,
+        redis: RedisClient,
+        calls: Sequence[ScriptCall],
+        then: Sequence[Sequence[KeyArg | Arg]] = (),
+    ) -> list[Any]:
+        """The replies of ``calls`` and then of the plain commands ``then``, run one
+        after the other: in one round trip on a standalone server (a pipeline without
+        MULTI: each call atomic on its own, in this order), one call after the other on a
+        cluster (a pipeline to several nodes keeps no order). Every call runs; then the
+        first error reply is raised.
+
+        After a script-cache loss (a restarted server) the pipelined calls come back
+        NOSCRIPT while ``then`` ran: every script of the library is loaded again, the
+        refused calls are sent again in order and ``then`` once more after them, so it
+        still lands last (``then`` must be safe to repeat: an announcement). A call
+        whose script alone was missing (a partly reloaded cache) lands after the calls
+        that follow it; callers rely only on repairs that exist anyway for that."""
+        if is_cluster(redis):
+            replies = [await self._reply_of(redis, c) for c in calls]
+            replies += [await _reply_of_command(redis, command) for command in then]
+            return _raise_first_error(replies)
+        scripts = [self._checked(c.name, c.keys) for c in calls]
+        pipe = redis.pipeline(transaction=False)
+        for script, c in zip(scripts, calls, strict=True):
+            pipe.execute_command("EVALSHA", script.sha, script.num_keys, *c.keys, *c.args)
+        for command in then:
+            pipe.execute_command(*command)
+        replies = list(await pipe.execute(raise_on_error=False))
+        refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if refused:
+            await self.load_all(redis)
+            for i in refused:
+                replies[i] = await self._reply_of(redis, calls[i])
+            for j, command in enumerate(then, start=len(calls)):
+                replies[j] = await _reply_of_command(redis, command)
+        return _raise_first_error(replies)
+
+    async def _reply_of(self, redis: RedisClient, c: ScriptCall) -> Any:
+        try:
+            return await self.call(redis, c.name, c.keys, c.args)
+        except ResponseError as exc:
+            return exc
+
+    async def load_all(self, redis: RedisClient) -> None:
+        """Load every script of the library in one round trip (on a cluster: on every
+        primary), so a lost cache is refilled at once instead of NOSCRIPT by NOSCRIPT."""
+        if is_cluster(redis):
+            for script in self.scripts.values():
+                await redis.script_load(script.source)
+            return
+        pipe = redis.pipeline(transaction=False)
+        for script in self.scripts.values():
+            pipe.script_load(script.source)
+        await pipe.execute()
+
     @staticmethod
     async def _pipelined(
         redis: RedisClient,
@@ -146,6 +214,20 @@ class ScriptLibrary:
             # cluster pipeline routes EVALSHA by its first key like any keyed command.
             pipe.execute_command("EVALSHA", script.sha, script.num_keys, *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
+
+
+async def _reply_of_command(redis: RedisClient, command: Sequence[KeyArg | Arg]) -> Any:
+    try:
+        return await redis.execute_command(*command)
+    except ResponseError as exc:
+        return exc
+
+
+def _raise_first_error(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 @cache

@@ -21,7 +21,7 @@ from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, Script
 from airuntime.core.execution_layout import buckets_for, check_layout
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
-from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
 
@@ -442,15 +442,22 @@ class ExecutionStore:
         """Append an entry of another component (the runtime's ``run_started``, its
         step-slot evidence) to the execution's ledger; False when the execution's ledger
         is gone (retention): a ledger is never recreated without its TTL."""
+        call = self.event_call(execution_id, event_type, fields)
+        added = await self.scripts.call(self.redis, call.name, call.keys, call.args)
+        return bool(added)
+
+    def event_call(
+        self, execution_id: str, event_type: str, fields: Mapping[str, str]
+    ) -> ScriptCall:
+        """The :meth:`record_event` call, for a caller that sends it with others
+        (:meth:`ScriptLibrary.call_in_order`); its reply is 0, 1 or 2 (recordEvent-3.lua)."""
         ek = self.keys_of(execution_id)
         # After the archive, the script queues the execution again (recordEvent-3.lua).
-        added = await self.scripts.call(
-            self.redis,
+        return ScriptCall(
             "recordEvent",
             [ek.events, ek.meta, ek.bucket.outbox],
             [execution_id, *_entry(event_type, fields)],
         )
-        return bool(added)
 
     async def prune_index(self, *, batch: int = 500) -> PruneResult:
         """One pass over the execution indexes, ``batch`` entries per round trip: remove

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from airuntime.core import keys
@@ -53,7 +54,7 @@ from airuntime.core.errors import AirError, ScriptError
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.run_layout import check_run_layout, new_run_id, run_buckets_for
-from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 
@@ -277,15 +278,17 @@ class RunIndex:
         execution_id: str | None = None,
         step_slots: dict[str, int] | None = None,
         only_if: RunStatus | None = None,
+        after: Sequence[ScriptCall] = (),
     ) -> bool:
         """Mark the run terminal and append its RunOutcome, in one step (then a run that
         was queued leaves its queue); False when it was already terminal (or not in
-        ``only_if``): then nothing changed."""
+        ``only_if``): then nothing changed. ``after``: script calls that must run before
+        the finish (the runtime's evidence for the ledger), sent with it in one round trip
+        where the server keeps the order (:meth:`ScriptLibrary.call_in_order`)."""
         if not status.terminal:
             raise ValueError(f"finish needs a terminal status, got {status.value}")
         bucket = keys.run_bucket_of(record.run_id, self.buckets)
-        reply: Any = await self.scripts.call(
-            self.redis,
+        finish = ScriptCall(
             "finishRun",
             [
                 bucket.run(record.run_id),
@@ -306,6 +309,8 @@ class RunIndex:
                 only_if.value if only_if is not None else "",
             ],
         )
+        replies = await self.scripts.call_in_order(self.redis, [*after, finish])
+        reply: Any = replies[-1]
         if int(reply[0]) != 1:
             return False
         if _s(reply[2]) == RunStatus.QUEUED.value:

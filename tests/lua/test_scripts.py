@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
+from redis.exceptions import ResponseError
 
 from airuntime import __version__
 from airuntime.core.errors import ScriptError
-from airuntime.core.redis_client import RedisClient
-from airuntime.core.scripts import LUA_DIR, ScriptLibrary, library, load_script
+from airuntime.core.redis_client import RedisClient, is_cluster
+from airuntime.core.scripts import LUA_DIR, ScriptCall, ScriptLibrary, library, load_script
+from airuntime.engine.execution_store import ExecutionStore
 
 SCRIPTS = sorted(LUA_DIR.glob("*.lua"))
 
@@ -186,3 +189,43 @@ def test_scripts_that_read_time_use_the_now_ms_include() -> None:
     for path in SCRIPTS + INCLUDES:
         if path.stem != "nowMs":
             assert "'TIME'" not in path.read_text(), f"{path.name} reads TIME itself"
+
+
+async def test_calls_in_order_keep_their_order_and_every_call_runs_before_an_error_is_raised(
+    engine_redis: RedisClient,
+) -> None:
+    """``call_in_order``: one pipeline on a standalone server, one call after the other
+    on a cluster; either way the entries land in the order given, a call that fails does
+    not stop the ones after it, and its error is raised once all ran. After a
+    script-cache loss the refused calls are sent again in order and the plain commands
+    once more after them, so those still land last."""
+    redis = engine_redis
+    lib = library()
+    await lib.load_all(redis)
+    ek = ExecutionStore(redis).keys_of("ex-order")  # the layout of this server
+    await redis.xadd(ek.events, {"type": "execution_created"})
+    await redis.set(ek.meta, "not a hash")  # recordEvent's HMGET on it fails: WRONGTYPE
+
+    def entry(n: int) -> ScriptCall:
+        return ScriptCall(
+            "recordEvent", [ek.events, ek.meta, ek.bucket.outbox], ["ex-order", "n", n]
+        )
+
+    def plain(n: int) -> tuple[str, ...]:
+        return ("XADD", ek.events, "*", "n", str(n))
+
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await lib.call_in_order(redis, [entry(1), entry(2)], then=[plain(3)])
+    await redis.delete(ek.meta)
+    await redis.script_flush()
+    assert await lib.call_in_order(redis, [entry(4), entry(5)], then=[plain(6)]) == [
+        1,
+        1,
+        ANY,
+    ]
+    entries = [f[b"n"] for _, f in (await redis.xrange(ek.events))[1:]]
+    # A script's writes before its error stay (Redis does not roll a script back).
+    if is_cluster(redis):
+        assert entries == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    else:
+        assert entries == [b"1", b"2", b"3", b"6", b"4", b"5", b"6"]
