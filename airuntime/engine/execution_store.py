@@ -545,6 +545,19 @@ class ExecutionStore:
         cancel_requested = control is not None and _s(control) == "cancel"
         return ControlState(ExecutionStatus(_s(status)), cancel_requested)
 
+    async def control_states(self, execution_ids: Sequence[str]) -> dict[str, ControlState]:
+        """:meth:`control_state` of many executions in one round trip (a pipeline); an
+        execution that does not exist is left out."""
+        pipe = self.redis.pipeline(transaction=False)
+        for eid in execution_ids:
+            pipe.hmget(self.keys_of(eid).meta, ["status", "control"])
+        out: dict[str, ControlState] = {}
+        for eid, (status, control) in zip(execution_ids, await pipe.execute(), strict=True):
+            if status is not None:
+                cancel = control is not None and _s(control) == "cancel"
+                out[eid] = ControlState(ExecutionStatus(_s(status)), cancel)
+        return out
+
     async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
         """Up to ``count`` ready throttled steps, in plan order (they are claimed one by
         one with :meth:`claim_step` once admission lets them through)."""

@@ -11,13 +11,15 @@ handled that a plain loop gets wrong:
   Claim rounds are retried for as long as it takes. A participation never dies of an
   outage; it resumes where it was when the server is back.
 * **A cancel arrives.** The pool's control feed, the status in every claim, completion,
-  failure and renewal reply, and a periodic read while steps run (``control_poll_ms``)
-  all lead to :meth:`Participation.cancel_running`: async handlers have their task
-  cancelled, sync handlers (in a thread) get ``ctx.is_cancelled()`` and stop when they
-  notice it, steps still waiting for a step slot are dropped before their handler
-  starts, and a step whose handler had not started never starts. The stopped steps are
-  recorded with ``stopSteps`` in batches, which finalizes the execution Cancelled as
-  soon as the last running step is stopped. Pause is not a stop: running steps drain.
+  failure and renewal reply, and the pool's periodic read while steps run
+  (``control_poll_ms``; one round trip for all its executions,
+  :mod:`~airuntime.engine.control_poll`) all lead to
+  :meth:`Participation.cancel_running`: async handlers have their task cancelled, sync
+  handlers (in a thread) get ``ctx.is_cancelled()`` and stop when they notice it, steps
+  still waiting for a step slot are dropped before their handler starts, and a step
+  whose handler had not started never starts. The stopped steps are recorded with
+  ``stopSteps`` in batches, which finalizes the execution Cancelled as soon as the last
+  running step is stopped. Pause is not a stop: running steps drain.
 * **A worker is frozen or crashes.** A step task cancelled by anything but the pool is a
   crashed worker: nothing is reported, its claim and concurrency lease expire, and
   another worker recovers the step with its attempt count unchanged. A renewal that
@@ -45,7 +47,7 @@ from airuntime.core.errors import OK, EngineError, ExecutionNotFound, ExecutionT
 from airuntime.core.tasks import cancel_and_wait
 from airuntime.core.transient import TRANSIENT_ERRORS, retry_transient
 from airuntime.engine.concurrency import ConcurrencyContext
-from airuntime.engine.execution_store import Claim, ClaimBatch
+from airuntime.engine.execution_store import Claim, ClaimBatch, ControlState
 from airuntime.engine.pipeline import Plan, PlanStep, ResolvedThrottle
 from airuntime.engine.pool_settings import AttemptOutcome
 from airuntime.engine.status import ExecutionStatus
@@ -111,7 +113,6 @@ class Participation:
         helpers = [
             asyncio.create_task(self._flusher(), name=f"flush:{self.eid}"),
             asyncio.create_task(self._renewer(), name=f"renew:{self.eid}"),
-            asyncio.create_task(self._control_watch(), name=f"control:{self.eid}"),
         ]
         for helper in helpers:
             helper.add_done_callback(self._helper_done)
@@ -274,20 +275,17 @@ class Participation:
             except Exception:  # a read that failed otherwise: the next one tries again
                 log.exception("reading the control state of %s failed", self.eid)
                 return
-            if state.cancel_requested:
-                self.cancel_running()
-            self.observe(state.status)
+            self.apply_control(state)
             if not self._recheck:
                 return
 
-    async def _control_watch(self) -> None:
-        """The fallback for a missed control notice: while steps run, read the control
-        state every ``control_poll_ms``."""
-        every = self.settings.control_poll_ms / 1000
-        while True:
-            await asyncio.sleep(every)
-            if self.running and not self.cancelling:
-                await self._check_control()
+    def apply_control(self, state: ControlState) -> None:
+        """Act on a read of the control state (a notice's, or the pool's periodic
+        :class:`~airuntime.engine.control_poll.ControlPoll`): stop on a cancel, and
+        learn the status."""
+        if state.cancel_requested:
+            self.cancel_running()
+        self.observe(state.status)
 
     # -- throttled path: policy -> lease -> claim ------------------------------------
 

@@ -9,10 +9,11 @@ which of them ran what. Each :meth:`WorkerPool.run` is one
 how it rides out Redis outages and stops cancelled steps).
 
 The pool itself owns what its participations share: the worker settings and counters,
-the handler registry, the concurrency leases and policies, the step slots, and one
-subscription to the control channel (:mod:`~airuntime.engine.control_feed`), held while
-the pool participates in anything, whose notices it hands to the participations of the
-execution they name.
+the handler registry, the concurrency leases and policies, the step slots, one
+subscription to the control channel (:mod:`~airuntime.engine.control_feed`), whose
+notices it hands to the participations of the execution they name, and one periodic
+control-state read for all of them (:mod:`~airuntime.engine.control_poll`), both held
+while the pool participates in anything.
 
 A step task cancelled by anything other than the pool itself is treated as a
 crashed worker: nothing is reported, its claim and concurrency lease are left to
@@ -32,6 +33,7 @@ from typing import Any
 from airuntime.core.transient import retry_transient
 from airuntime.engine.concurrency import AdmissionPolicy, ConcurrencyLeases, ZeroLimitPolicy
 from airuntime.engine.control_feed import ControlFeed
+from airuntime.engine.control_poll import ControlPoll
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.participation import Participation
@@ -102,6 +104,8 @@ class WorkerPool:
         self.stats = PoolStats()
         self.control_feed: ControlFeed | None = None
         """The control-channel subscription while the pool participates in anything."""
+        self.control_poll: ControlPoll | None = None
+        """The periodic control-state read while the pool participates in anything."""
         self._participations: dict[str, set[Participation]] = {}
 
     async def run(
@@ -154,6 +158,15 @@ class WorkerPool:
                 backoff=self.settings.redis_backoff,
             )
             self.control_feed.start()
+        if self.control_poll is None:
+            self.control_poll = ControlPoll(
+                self.store,
+                self._all_participations,
+                every_s=self.settings.control_poll_ms / 1000,
+                owner=self.pool_id,
+                backoff=self.settings.redis_backoff,
+            )
+            self.control_poll.start()
 
     async def _leave(self, participation: Participation) -> None:
         group = self._participations.get(participation.eid)
@@ -161,15 +174,23 @@ class WorkerPool:
             group.discard(participation)
             if not group:
                 del self._participations[participation.eid]
-        if not self._participations and self.control_feed is not None:
+        if self._participations:
+            return
+        # Shielded: a second cancel of the caller must not leave them running.
+        if self.control_feed is not None:
             feed, self.control_feed = self.control_feed, None
-            # Shielded: a second cancel of the caller must not leave the feed running.
             await asyncio.shield(feed.stop())
+        if self.control_poll is not None:
+            poll, self.control_poll = self.control_poll, None
+            await asyncio.shield(poll.stop())
+
+    def _all_participations(self) -> list[Participation]:
+        return [p for group in self._participations.values() for p in group]
 
     def _notice(self, execution_id: str | None) -> None:
         """A control notice for ``execution_id`` (None: for every execution)."""
         if execution_id is None:
-            targets = [p for group in self._participations.values() for p in group]
+            targets = self._all_participations()
         else:
             targets = list(self._participations.get(execution_id, ()))
         for participation in targets:

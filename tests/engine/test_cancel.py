@@ -367,3 +367,40 @@ async def test_two_pools_each_stop_their_own_steps(store: ExecutionStore) -> Non
     assert await asyncio.gather(*runs) == [CANCELLED, CANCELLED]
     assert ran_on == {"p0": 2, "p1": 2}
     assert [p.stats.stopped_steps for p in pools] == [2, 2]
+
+
+async def test_one_periodic_read_serves_every_running_execution_of_the_pool(
+    store: ExecutionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without notices, cancels reach running steps through the pool's periodic read:
+    one pipelined read of every execution the pool runs steps of (not one per
+    execution), stopped once the pool participates in nothing."""
+    latch = Latch()
+
+    async def hold(ctx: StepContext) -> Any:
+        latch.arrive()
+        await asyncio.Event().wait()
+
+    reg = registry(hold=hold)
+    plan = plan_of({"a": [], "b": []}, uses="hold", registry=reg)
+    eids = [await store.create(plan) for _ in range(6)]
+    pool = WorkerPool(store, reg, PoolSettings(workers=2, control_feed=False, control_poll_ms=20))
+    runs = [asyncio.create_task(pool.run(eid)) for eid in eids]
+    await latch.wait(12)
+    reads: list[list[str]] = []
+    two_reads = asyncio.Event()
+    real = store.control_states
+
+    async def spy(execution_ids: list[str]) -> Any:
+        reads.append(list(execution_ids))
+        if len(reads) >= 2:
+            two_reads.set()
+        return await real(execution_ids)
+
+    monkeypatch.setattr(store, "control_states", spy)
+    await asyncio.wait_for(two_reads.wait(), 30)
+    assert reads[-1] == sorted(eids), "one read covers every running execution"
+    for eid in eids:
+        await store.cancel(eid)
+    assert await asyncio.gather(*runs) == [CANCELLED] * 6
+    assert pool.control_feed is None and pool.control_poll is None
