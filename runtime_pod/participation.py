@@ -17,6 +17,7 @@ the ledger; it never decides the run's outcome.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -27,7 +28,7 @@ from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.core.scripts import ScriptCall
-from airuntime.engine.execution_store import merged_inputs
+from airuntime.engine.execution_store import ClaimBatch, merged_inputs
 from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.worker_pool import KnownExecution
@@ -121,31 +122,48 @@ class Participation:
             return
         eid = self.execution_id
         ledger = self._start_entry()
-        try:
-            # The run_started entry goes into the ledger with the creation (one call).
-            await self._retry(
-                "creating the execution",
-                lambda: self.inst.store.create(
-                    plan,
-                    execution_id=eid,
-                    context=self.record.snapshot,
-                    inputs=self.request.inputs,
-                    retention_s=self.inst.config.run_retention_s,
-                    archive_hold_s=self.inst.config.archive_hold(),
-                    then_record=("run_started", ledger),
+        pool = self.inst.pool
+        sent = 0.0
+
+        def create() -> Awaitable[tuple[str, ClaimBatch | None]]:
+            nonlocal sent
+            sent = asyncio.get_running_loop().time()  # the claims' leases count from here
+            return self.inst.store.create_and_claim(
+                plan,
+                execution_id=eid,
+                context=self.record.snapshot,
+                inputs=self.request.inputs,
+                retention_s=self.inst.config.run_retention_s,
+                archive_hold_s=self.inst.config.archive_hold(),
+                then_record=("run_started", ledger),
+                claim=(
+                    pool.pool_id,
+                    min(self.workers, pool.settings.claim_batch),
+                    pool.settings.lease_ms,
                 ),
             )
+
+        try:
+            # One call: the execution, its run_started ledger entry and the first
+            # claims of this pool. (A resend after a lost reply finds the execution
+            # and claims nothing: the first call's claims expire and are recovered.)
+            _, claimed = await self._retry("creating the execution", create)
         except AirError as exc:
             await self._finish(RunStatus.FAILED, str(exc))
             return
         await self._started(ledger)
-        known = KnownExecution(
-            plan, merged_inputs(plan, self.request.inputs), self.record.snapshot.tenant_id
-        )
+        inputs = merged_inputs(plan, self.request.inputs)
+        tenant_id = self.record.snapshot.tenant_id
+
+        def execute() -> Awaitable[ExecutionStatus]:
+            nonlocal claimed
+            # The first claims go to the first attempt only: a repeated attempt claims anew.
+            known = KnownExecution(plan, inputs, tenant_id, claimed=claimed, claimed_at=sent)
+            claimed = None
+            return pool.run(eid, workers=self.workers, known=known)
+
         try:
-            final = await self._retry(
-                "executing", lambda: self.inst.pool.run(eid, workers=self.workers, known=known)
-            )
+            final = await self._retry("executing", execute)
         except AirError as exc:
             await self._finish(RunStatus.FAILED, str(exc))
             return

@@ -176,8 +176,10 @@ def _create_args(
     run_inputs: Mapping[str, Any],
     retention_s: int,
     archive_hold_s: int | None,
+    claim: tuple[str, int, int] | None = None,
 ) -> list[Any]:
-    """ARGV of ``createExecution-24.lua``: the execution, then seven values per step."""
+    """ARGV of ``createExecution-24.lua``: the execution, who claims the first steps
+    (owner, count, lease ms), then seven values per step."""
     args: list[Any] = [
         eid,
         plan.to_json(),
@@ -190,6 +192,7 @@ def _create_args(
         json.dumps(run_inputs, separators=(",", ":"), sort_keys=True),
         len(plan.steps),
         "off" if archive_hold_s is None else archive_hold_s,
+        *(claim if claim is not None else ("", 0, 0)),
     ]
     for step in plan.steps:
         kind = "i" if step.is_input else ("t" if step.throttle is not None else "")
@@ -224,6 +227,14 @@ def _parse_claims(
             i += 2
         claims.append(Claim(execution_id, step, token, attempt, outs))
     return claims, i
+
+
+def _claim_batch(execution_id: str, reply: Sequence[Any]) -> ClaimBatch:
+    """claimSteps' reply (also createExecution's after its code) as a batch."""
+    status = ExecutionStatus(_s(reply[0]))
+    wake, n, throttled = _i(reply[1]), _i(reply[2]), _i(reply[3])
+    claims, _ = _parse_claims(execution_id, reply, 5, n)
+    return ClaimBatch(status, wake, throttled, claims, recovered=_i(reply[4]))
 
 
 def merged_inputs(plan: Plan, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -279,9 +290,36 @@ class ExecutionStore:
         has durably archived the execution. ``then_record``: ``(type, fields)`` of one
         more ledger entry appended in the same call, whether the execution was created
         now or existed (as :meth:`record_event` would; the runtime's ``run_started``)."""
+        eid, _ = await self.create_and_claim(
+            plan,
+            execution_id=execution_id,
+            context=context,
+            inputs=inputs,
+            retention_s=retention_s,
+            archive_hold_s=archive_hold_s,
+            then_record=then_record,
+        )
+        return eid
+
+    async def create_and_claim(
+        self,
+        plan: Plan,
+        *,
+        execution_id: str | None = None,
+        context: ExecutionContextSnapshot | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        retention_s: int = DEFAULT_RETENTION_S,
+        archive_hold_s: int | None = None,
+        then_record: tuple[str, Mapping[str, str]] | None = None,
+        claim: tuple[str, int, int] | None = None,
+    ) -> tuple[str, ClaimBatch | None]:
+        """:meth:`create`, and when ``claim`` = ``(owner, count, lease_ms)`` is given, up
+        to ``count`` of the first ready steps claimed for ``owner`` in the same call (as
+        :meth:`claim` would): the batch, or None when the execution existed already
+        (nothing claimed)."""
         eid = execution_id or f"ex-{uuid.uuid4().hex}"
         args = _create_args(
-            eid, plan, context, merged_inputs(plan, inputs), retention_s, archive_hold_s
+            eid, plan, context, merged_inputs(plan, inputs), retention_s, archive_hold_s, claim
         )
         if then_record is not None:
             args += _entry(*then_record)
@@ -291,16 +329,15 @@ class ExecutionStore:
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)
-        return eid
+        if _i(reply[0]) != 1:
+            return eid, None
+        return eid, _claim_batch(eid, reply[1:])
 
     async def claim(
         self, execution_id: str, owner: str, count: int, lease_ms: int, move_limit: int = 256
     ) -> ClaimBatch:
         reply = await self._call("claimSteps", execution_id, [owner, count, lease_ms, move_limit])
-        status = ExecutionStatus(_s(reply[0]))
-        wake, n, throttled = _i(reply[1]), _i(reply[2]), _i(reply[3])
-        claims, _ = _parse_claims(execution_id, reply, 5, n)
-        return ClaimBatch(status, wake, throttled, claims, recovered=_i(reply[4]))
+        return _claim_batch(execution_id, reply)
 
     async def claim_step(
         self, execution_id: str, owner: str, step_id: str, lease_ms: int, lease_holder: str = ""

@@ -79,8 +79,13 @@ class Participation:
         run_inputs: dict[str, Any],
         tenant_id: str,
         workers: int,
+        first_claims: tuple[ClaimBatch, float] | None = None,
     ) -> None:
         self.pool = pool
+        self.first_claims = first_claims
+        """Steps claimed for this pool by the call that created the execution, and the
+        ``loop.time()`` that call was sent at (their leases count from it): the first
+        claim round uses them instead of a round trip."""
         self.store = pool.store
         self.settings = pool.settings
         self.stats = pool.stats
@@ -178,16 +183,21 @@ class Participation:
     async def _claim_round(self, want: int) -> tuple[ClaimBatch, int]:
         """Claim up to ``want`` plain steps in one round trip, then throttled ones into
         the slots left; returns the batch and how many steps were claimed."""
-        loop = asyncio.get_running_loop()
-        self.free -= want
-        try:
-            sent = loop.time()
-            batch = await self.store.claim(
-                self.eid, self.pool.pool_id, want, self.settings.lease_ms
-            )
-        finally:
-            self.free += want
-        self.stats.claim_calls += 1
+        if self.first_claims is not None:
+            # Claimed by the call that created the execution: no round trip.
+            batch, sent = self.first_claims
+            self.first_claims = None
+        else:
+            loop = asyncio.get_running_loop()
+            self.free -= want
+            try:
+                sent = loop.time()
+                batch = await self.store.claim(
+                    self.eid, self.pool.pool_id, want, self.settings.lease_ms
+                )
+            finally:
+                self.free += want
+            self.stats.claim_calls += 1
         self.stats.recovered += batch.recovered
         self._start(batch.claims, sent)
         self.throttled_ready = batch.throttled_ready

@@ -34,7 +34,7 @@ from airuntime.core.transient import retry_transient
 from airuntime.engine.concurrency import AdmissionPolicy, ConcurrencyLeases, ZeroLimitPolicy
 from airuntime.engine.control_feed import ControlFeed
 from airuntime.engine.control_poll import ControlPoll
-from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.execution_store import ClaimBatch, ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.participation import Participation
 from airuntime.engine.payloads import PayloadOffload
@@ -69,6 +69,12 @@ class KnownExecution:
     plan: Plan
     run_inputs: dict[str, Any]
     tenant_id: str
+    claimed: ClaimBatch | None = None
+    """What the creating call claimed for this pool
+    (:meth:`~airuntime.engine.execution_store.ExecutionStore.create_and_claim`), at most
+    the participation's workers."""
+    claimed_at: float = 0.0
+    """``loop.time()`` when that call was sent: the claims' leases count from it."""
 
 
 def default_pool_id() -> str:
@@ -123,8 +129,15 @@ class WorkerPool:
         if n < 1:
             raise ValueError(f"workers must be >= 1, got {n}")
         if known is not None:
+            first = None
+            if known.claimed is not None:
+                if len(known.claimed.claims) > n:
+                    raise ValueError(
+                        f"{len(known.claimed.claims)} steps were claimed for {n} workers"
+                    )
+                first = (known.claimed, known.claimed_at)
             participation = Participation(
-                self, execution_id, known.plan, known.run_inputs, known.tenant_id, n
+                self, execution_id, known.plan, known.run_inputs, known.tenant_id, n, first
             )
         else:
             participation = await retry_transient(

@@ -24,18 +24,24 @@
              retention TTL); otherwise finalization queues the execution on the
              archive outbox and sets this fallback TTL ('0' = none) -- the archiver
              sets the retention TTL once the execution is durably archived
-    ARGV[12 + 7*(i-1) .. ] per step: id, order, number of dependencies,
+    ARGV[12] owner (worker id) that claims the first ready steps in the same call
+             ('' = claim nothing: the creator is not a worker)
+    ARGV[13] maximum number of steps that owner claims
+    ARGV[14] lease for those claims, milliseconds
+    ARGV[15 + 7*(i-1) .. ] per step: id, order, number of dependencies,
              children (comma-separated), refs (comma-separated), kind ('' | t | i),
              max attempts
-    ARGV[12 + 7*N ..] optional: one more ledger entry to append after creating (or
+    ARGV[15 + 7*N ..] optional: one more ledger entry to append after creating (or
              finding) the execution, field, value, ... with `type` -- the runtime's
              `run_started`, so starting a run costs one round trip (see
              includes/appendEntry: on an existing execution it is appended like
              recordEvent's entries)
 
   Output:
-    {1, status}  created
-    {0, status}  already existed with the same plan digest
+    {1, status, 0, n, throttledReady, 0, [step, token, attempt, nrefs, (ref, outputJSON) * nrefs] * n}
+                 created; n steps claimed for ARGV[12] (claimSteps' reply after the code,
+                 so a worker that creates starts without a claim round trip)
+    {0, status}  already existed with the same plan digest (nothing claimed)
     {-9}         already exists with a different plan
 ]]
 --- @include "execKeys"
@@ -44,11 +50,12 @@
 --- @include "enqueueReady"
 --- @include "refreshStatus"
 --- @include "appendEntry"
+--- @include "claimReady"
 
 local ek = execKeys(KEYS)
 local n = tonumber(ARGV[10])
 local entry = {}
-for i = 12 + 7 * n, #ARGV do entry[#entry + 1] = ARGV[i] end
+for i = 15 + 7 * n, #ARGV do entry[#entry + 1] = ARGV[i] end
 if redis.call('EXISTS', ek.meta) == 1 then
   if redis.call('HGET', ek.meta, 'plan_digest') == ARGV[3] then
     if #entry > 0 then appendEntry(ek.events, ek.meta, ek.archiveOutbox, ARGV[1], entry) end
@@ -71,7 +78,7 @@ redis.call('SET', ek.plan, ARGV[2])
 
 local roots = {}
 for i = 0, n - 1 do
-  local base = 12 + 7 * i
+  local base = 15 + 7 * i
   local step = ARGV[base]
   redis.call('HSET', ek.status, step, 'pending')
   redis.call('HSET', ek.order, step, ARGV[base + 1])
@@ -92,4 +99,8 @@ redis.call('ZADD', ek.activeIndex, 'NX', now, ARGV[1])
 for _, step in ipairs(roots) do enqueueReady(ek, step) end
 if #entry > 0 then emit(ek, unpack(entry)) end
 local status = refreshStatus(ek)
-return {1, status}
+local result = {1, status, 0, 0, redis.call('ZCARD', ek.readyThrottled), 0}
+if ARGV[12] ~= '' and status == 'Running' then
+  result[4] = claimReady(ek, ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14]), now, result)
+end
+return result

@@ -12,7 +12,7 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.engine.concurrency import ConcurrencyContext, ConcurrencyLeases
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext
-from airuntime.engine.worker_pool import PoolSettings, WorkerPool
+from airuntime.engine.worker_pool import KnownExecution, PoolSettings, WorkerPool
 from tests.dags import fan, plan_of
 
 THROTTLE = [{"match": {"provider": "openai"}, "limit": 2, "lease_ttl_s": 30}]
@@ -278,3 +278,35 @@ async def test_a_worker_killed_mid_step_is_recovered_without_using_retry_budget(
     events = await store.events(eid)
     assert [e.get("step") for e in events if e.type == "step_recovered"] == ["victim"]
     assert [e.get("step") for e in events if e.type == "step_completed"].count("victim") == 1
+
+
+async def test_steps_claimed_by_the_creating_call_run_without_a_claim_round_trip(
+    store: ExecutionStore,
+) -> None:
+    """``create_and_claim`` claims the first ready steps (in plan order, at most the
+    count asked) in the creating call; a pool given them runs them as its first claim
+    round instead of calling claimSteps, and every step still completes once. A create
+    that finds the execution claims nothing."""
+    plan = plan_of({"a": [], "b": [], "c": ["a", "b"]})
+    eid, batch = await store.create_and_claim(plan, claim=("pool-x", 2, 30_000))
+    assert batch is not None and [c.step_id for c in batch.claims] == ["a", "b"]
+    types = [e.type for e in await store.events(eid)]
+    assert types == ["execution_created", "step_claimed", "step_claimed"]
+    assert await store.create_and_claim(plan, execution_id=eid, claim=("pool-x", 5, 30_000)) == (
+        eid,
+        None,
+    )
+    pool = WorkerPool(store, settings=PoolSettings(workers=2), pool_id="pool-x")
+    too_many = KnownExecution(plan, {}, "", claimed=batch)
+    with pytest.raises(ValueError, match="2 steps were claimed for 1 workers"):
+        await pool.run(eid, workers=1, known=too_many)
+    sent = asyncio.get_running_loop().time()
+    known = KnownExecution(plan, {}, "", claimed=batch, claimed_at=sent)
+    assert await pool.run(eid, known=known) == "Succeeded"
+    events = await store.events(eid)
+    completed = [e.get("step") for e in events if e.type == "step_completed"]
+    assert sorted(completed) == ["a", "b", "c"]
+    claims = [e.get("step") for e in events if e.type == "step_claimed"]
+    # a and b were claimed once, by the creating call: the pool ran them from the batch
+    # (claimed again only after their 30 s leases, which would outlast the test).
+    assert sorted(claims) == ["a", "b", "c"]
