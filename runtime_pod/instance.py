@@ -408,6 +408,9 @@ class RuntimeInstance:
         if not plans:
             return False
         try:
+            # The batch's tenant settings in one read: each run's pipeline is compiled
+            # with its tenant's allowlist as it stands now (Participation._plan).
+            tenants = await self.registry.tenants(r.tenant_id for r, _, _, _ in plans)
             started = await self.index.start_many(
                 self.instance_id,
                 [(r.run_id, eid) for r, _, _, eid in plans],
@@ -424,7 +427,14 @@ class RuntimeInstance:
                 self.active_workers -= workers
                 continue
             running = record.model_copy(update={"status": RunStatus.RUNNING, "execution_id": eid})
-            self._spawn(running, request, workers, assisting=False, just_started=True)
+            self._spawn(
+                running,
+                request,
+                workers,
+                assisting=False,
+                just_started=True,
+                tenant=tenants[record.tenant_id],
+            )
         return True
 
     def _effective_workers(self) -> int:
@@ -460,11 +470,19 @@ class RuntimeInstance:
         *,
         assisting: bool,
         just_started: bool = False,
+        tenant: TenantSettings | None = None,
     ) -> None:
         """Run a participation that already holds ``workers``; they return when it ends
-        (``just_started``: the controller's start script just made the run running here)."""
+        (``just_started``: the controller's start script just made the run running here;
+        ``tenant``: the run's tenant settings, read with the start)."""
         body = Participation(
-            self, record, request, workers, assisting=assisting, just_started=just_started
+            self,
+            record,
+            request,
+            workers,
+            assisting=assisting,
+            just_started=just_started,
+            tenant=tenant,
         )
         task = asyncio.create_task(body.run(), name=f"run:{record.run_id}")
         key = f"{record.run_id}:assist" if assisting else record.run_id

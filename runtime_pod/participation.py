@@ -33,6 +33,7 @@ from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, par
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.worker_pool import KnownExecution
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
+from airuntime.fleet.tenancy import TenantSettings
 from runtime_pod.transient import TRANSIENT_ERRORS, retry_transient
 
 if TYPE_CHECKING:
@@ -89,8 +90,12 @@ class Participation:
         *,
         assisting: bool,
         just_started: bool = False,
+        tenant: TenantSettings | None = None,
     ) -> None:
         self.inst = instance
+        self.tenant = tenant
+        """The tenant's settings, when the starter read them with the start (else
+        :meth:`_plan` reads them)."""
         self.just_started = just_started
         """The controller's start script made the run running here a moment ago: no
         stale read to guard against (:meth:`_still_ours`)."""
@@ -191,9 +196,12 @@ class Participation:
     async def _plan(self) -> Plan | None:
         """The pipeline compiled with the tenant's allowlist; a refusal fails the run
         (owner) or skips the assist (helper)."""
-        tenant = await self._retry(
-            "reading the tenant settings", lambda: self.inst.registry.tenant(self.record.tenant_id)
-        )
+        tenant = self.tenant
+        if tenant is None:
+            tenant = await self._retry(
+                "reading the tenant settings",
+                lambda: self.inst.registry.tenant(self.record.tenant_id),
+            )
         try:
             return compile_pipeline(
                 parse_pipeline(self.request.pipeline),

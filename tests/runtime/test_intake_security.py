@@ -33,6 +33,7 @@ from runtime_pod.instance import RunRefused
 from tests.runtime.conftest import MakeHost, Runtime
 from tests.runtime.support import (
     AIRT,
+    TEST_HANDLERS,
     TEST_TOKEN,
     pipeline,
     request,
@@ -137,6 +138,23 @@ async def test_a_handler_outside_the_tenants_allowlist_is_refused_naming_step_an
     )
     allowed = await _submit(path, host, redis, request(doc).model_dump(mode="json"))
     assert "run_id" in allowed[1], allowed
+
+
+async def test_an_allowlist_narrowed_after_acceptance_fails_the_run_at_its_start(
+    runtime: Runtime,
+) -> None:
+    """The allowlist is checked again when the run starts (read with the start batch):
+    a handler the tenant lost while its run waited in the local queue never runs."""
+    inst = runtime.instance("narrowed-1")
+    run_id = await inst.accept(request(pipeline(1)))  # a "gate" step: allowed now
+    revoked = tuple(h for h in TEST_HANDLERS if h != "gate")
+    await runtime.registry.put_tenant(tenant_settings("tenant-a", allowed_handlers=revoked))
+    await inst.start()
+    assert await runtime.watcher.reached(run_id, "completed", "failed") == "failed"
+    assert not runtime.gate.entered, "the handler never ran"
+    record = await inst.run_status(run_id, "tenant-a")
+    assert record is not None and record.failure_reason is not None
+    assert "'gate'" in record.failure_reason and "not allowed" in record.failure_reason
 
 
 # -- the runtime token ------------------------------------------------------------------------
