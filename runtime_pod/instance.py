@@ -297,6 +297,7 @@ class RuntimeInstance:
     async def start(self) -> None:
         """Start the loops; return once the controller runs and the instance is registered."""
         self.status = InstanceStatus.READY
+        self.pool.hold()  # one control subscription for the instance's life
         if self.config.step_slots_from_tenant:
             await self._apply_settings()  # the tenant's limit before the first run
         if self.inbox is not None:
@@ -332,6 +333,7 @@ class RuntimeInstance:
         # attempt, so closing admission while participations still claim steps would
         # fail the runs being drained.
         self.slots.shutdown()
+        await self.pool.release()
         if self.inbox is not None:
             with contextlib.suppress(Exception):
                 await self.inbox.delete()

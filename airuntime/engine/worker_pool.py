@@ -113,6 +113,7 @@ class WorkerPool:
         self.control_poll: ControlPoll | None = None
         """The periodic control-state read while the pool participates in anything."""
         self._participations: dict[str, set[Participation]] = {}
+        self._held = False
 
     async def run(
         self,
@@ -161,8 +162,24 @@ class WorkerPool:
     def _redis_error(self, exc: BaseException) -> None:
         self.stats.redis_errors += 1
 
+    def hold(self) -> None:
+        """Keep the control feed and the control poll while the pool participates in
+        nothing, until :meth:`release`: a runtime instance, whose runs come and go, keeps
+        one subscription for its life instead of subscribing again for every burst."""
+        self._held = True
+        self._start_shared()
+
+    async def release(self) -> None:
+        """End :meth:`hold`; the feed and the poll stop once no participation is left."""
+        self._held = False
+        if not self._participations:
+            await self._stop_shared()
+
     def _enter(self, participation: Participation) -> None:
         self._participations.setdefault(participation.eid, set()).add(participation)
+        self._start_shared()
+
+    def _start_shared(self) -> None:
         if self.settings.control_feed and self.control_feed is None:
             self.control_feed = ControlFeed(
                 self.store.redis,
@@ -187,8 +204,10 @@ class WorkerPool:
             group.discard(participation)
             if not group:
                 del self._participations[participation.eid]
-        if self._participations:
-            return
+        if not self._participations and not self._held:
+            await self._stop_shared()
+
+    async def _stop_shared(self) -> None:
         # Shielded: a second cancel of the caller must not leave them running.
         if self.control_feed is not None:
             feed, self.control_feed = self.control_feed, None

@@ -404,3 +404,21 @@ async def test_one_periodic_read_serves_every_running_execution_of_the_pool(
         await store.cancel(eid)
     assert await asyncio.gather(*runs) == [CANCELLED] * 6
     assert pool.control_feed is None and pool.control_poll is None
+
+
+async def test_a_held_pool_keeps_one_subscription_across_its_runs(store: ExecutionStore) -> None:
+    """A runtime instance holds its pool: executions come and go under one control
+    subscription (not a new one per burst, each announcing "check everything"), and the
+    feed and the poll stop only when the hold is released."""
+    pool = WorkerPool(store, settings=PoolSettings(workers=2))
+    pool.hold()
+    feed = pool.control_feed
+    assert feed is not None and pool.control_poll is not None
+    await feed.wait_subscriptions(1)
+    for _ in range(3):
+        eid = await store.create(plan_of({"a": []}))
+        assert await pool.run(eid) == "Succeeded"
+        assert pool.control_feed is feed
+    assert feed.subscriptions == 1
+    await pool.release()
+    assert pool.control_feed is None and pool.control_poll is None
