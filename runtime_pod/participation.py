@@ -28,9 +28,10 @@ from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.core.scripts import ScriptCall
-from airuntime.engine.execution_store import ClaimBatch, merged_inputs
+from airuntime.engine.execution_store import merged_inputs
 from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
 from airuntime.engine.status import ExecutionStatus
+from airuntime.engine.store_results import ClaimBatch
 from airuntime.engine.worker_pool import KnownExecution
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings
@@ -127,32 +128,8 @@ class Participation:
             return
         eid = self.execution_id
         ledger = self._start_entry()
-        pool = self.inst.pool
-        sent = 0.0
-
-        def create() -> Awaitable[tuple[str, ClaimBatch | None]]:
-            nonlocal sent
-            sent = asyncio.get_running_loop().time()  # the claims' leases count from here
-            return self.inst.store.create_and_claim(
-                plan,
-                execution_id=eid,
-                context=self.record.snapshot,
-                inputs=self.request.inputs,
-                retention_s=self.inst.config.run_retention_s,
-                archive_hold_s=self.inst.config.archive_hold(),
-                then_record=("run_started", ledger),
-                claim=(
-                    pool.pool_id,
-                    min(self.workers, pool.settings.claim_batch),
-                    pool.settings.lease_ms,
-                ),
-            )
-
         try:
-            # One call: the execution, its run_started ledger entry and the first
-            # claims of this pool. (A resend after a lost reply finds the execution
-            # and claims nothing: the first call's claims expire and are recovered.)
-            _, claimed = await self._retry("creating the execution", create)
+            claimed, sent = await self._create(plan, ledger)
         except AirError as exc:
             await self._finish(RunStatus.FAILED, str(exc))
             return
@@ -165,7 +142,7 @@ class Participation:
             # The first claims go to the first attempt only: a repeated attempt claims anew.
             known = KnownExecution(plan, inputs, tenant_id, claimed=claimed, claimed_at=sent)
             claimed = None
-            return pool.run(eid, workers=self.workers, known=known)
+            return self.inst.pool.run(eid, workers=self.workers, known=known)
 
         try:
             final = await self._retry("executing", execute)
@@ -181,6 +158,35 @@ class Participation:
         # queued it for the archiver (includes/finalize.lua).
         status = _TERMINAL_TO_RUN.get(final, RunStatus.FAILED)
         await self._finish(status, None if status is RunStatus.COMPLETED else str(final))
+
+    async def _create(self, plan: Plan, ledger: dict[str, str]) -> tuple[ClaimBatch | None, float]:
+        """One call: the execution, its run_started ledger entry and the first claims of
+        this pool, with the ``loop.time()`` the call was sent at (their leases count from
+        it). A resend after a lost reply finds the execution and claims nothing: the
+        first call's claims expire and are recovered."""
+        pool = self.inst.pool
+        sent = 0.0
+
+        def create() -> Awaitable[tuple[str, ClaimBatch | None]]:
+            nonlocal sent
+            sent = asyncio.get_running_loop().time()
+            return self.inst.store.create_and_claim(
+                plan,
+                execution_id=self.execution_id,
+                context=self.record.snapshot,
+                inputs=self.request.inputs,
+                retention_s=self.inst.config.run_retention_s,
+                archive_hold_s=self.inst.config.archive_hold(),
+                then_record=("run_started", ledger),
+                claim=(
+                    pool.pool_id,
+                    min(self.workers, pool.settings.claim_batch),
+                    pool.settings.lease_ms,
+                ),
+            )
+
+        _, claimed = await self._retry("creating the execution", create)
+        return claimed, sent
 
     async def _still_ours(self) -> bool:
         """The run is still running here: a resumption decided on a stale read (the

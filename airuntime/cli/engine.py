@@ -39,8 +39,9 @@ from airuntime.cli.listing import (
 from airuntime.core.errors import AirError
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.process_redis import redis_for_process
-from airuntime.engine.execution_store import ExecutionInfo, ExecutionStore
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.status import ExecutionStatus, StepStatus
+from airuntime.engine.store_results import ExecutionInfo
 
 
 def run(

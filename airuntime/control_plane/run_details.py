@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from airuntime.control_plane.shared_runs import SharedRun
-from airuntime.engine.execution_store import ExecutionInfo
 from airuntime.engine.status import ExecutionStatus, StepStatus
+from airuntime.engine.store_results import ExecutionInfo
 from airuntime.fleet.runs import RunRecord, RunStatus
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
@@ -24,6 +22,20 @@ from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
+from airuntime.engine.store_results import (
+    Claim,
+    ClaimBatch,
+    CompletionResult,
+    ControlState,
+    ExecutionInfo,
+    FailOutcome,
+    FailResult,
+    LedgerEvent,
+    PruneResult,
+    RecoverResult,
+    RenewResult,
+    StopResult,
+)
 
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 
@@ -32,136 +44,23 @@ def _i(value: Any) -> int:
     return int(value.decode() if isinstance(value, bytes) else value)
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """Ownership of one step: present ``token`` to complete or fail it."""
+class CreateOptions(TypedDict, total=False):
+    """The options of :meth:`ExecutionStore.create`.
 
-    execution_id: str
-    step_id: str
-    token: str
-    attempt: int
-    ref_outputs: dict[str, Any]
+    ``archive_hold_s`` None (the default): archiving off, finalization sets
+    ``retention_s`` as the keys' TTL. Otherwise finalization queues the execution on the
+    archive outbox and sets this fallback TTL (0: none); the archiver sets
+    ``retention_s`` once it has durably archived the execution. ``then_record``:
+    ``(type, fields)`` of one more ledger entry appended in the same call, whether the
+    execution was created now or existed (as :meth:`ExecutionStore.record_event` would;
+    the runtime's ``run_started``)."""
 
-    @property
-    def sequence(self) -> int:
-        """The claim's number in its execution (``claim_seq``): every claim of an
-        execution gets a higher one than all claims before it, so a claim that replaced
-        a lost one (recovery) always carries a higher number."""
-        return int(self.token.rsplit("#", 1)[1])
-
-
-class FailOutcome(StrEnum):
-    """What ``failStep`` did with a failed attempt."""
-
-    RETRY = "retry"
-    """Attempts left: the step waits for its retry."""
-    FAILED = "failed"
-    """The step failed for good."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimBatch:
-    status: ExecutionStatus
-    wake_ms: int
-    throttled_ready: int
-    claims: list[Claim]
-    recovered: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionResult:
-    status: ExecutionStatus
-    readied: int
-    codes: list[int]
-    throttled_ready: int = 0
-    claims: list[Claim] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class StopResult:
-    """What ``stopSteps`` did: the execution status after it and one code per step
-    (:data:`~airuntime.core.errors.OK` stopped, negative: an engine error code)."""
-
-    status: ExecutionStatus
-    codes: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class RenewResult:
-    """The execution status and, per step, whether its lease was extended (False: the
-    claim is lost, stop the step)."""
-
-    status: ExecutionStatus
-    alive: list[bool]
-
-
-@dataclass(frozen=True, slots=True)
-class ControlState:
-    """What workers of an execution must know to react to pause, resume and cancel."""
-
-    status: ExecutionStatus
-    cancel_requested: bool
-    """A cancel was accepted (the execution is Cancelling, or ended Cancelled)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PruneResult:
-    """One pass of :meth:`ExecutionStore.prune_index`."""
-
-    examined: int
-    """Index entries looked at (both indexes)."""
-    unlisted: int
-    """Executions removed from ``air:executions``: their keys had expired."""
-    deactivated: int
-    """Executions removed from ``air:executions:active``: gone, or already finalized."""
-
-
-@dataclass(frozen=True, slots=True)
-class FailResult:
-    status: ExecutionStatus
-    outcome: FailOutcome
-    attempt: int
-    next_retry_at_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecoverResult:
-    status: ExecutionStatus
-    promoted: int
-    recovered: int
-    wake_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionInfo:
-    execution_id: str
-    pipeline_id: str
-    status: ExecutionStatus
-    tenant_id: str
-    total: int
-    done: int
-    completed: int
-    failed: int
-    skipped: int
-    cancelled: int
-    running: int
-    created_at_ms: int
-    finished_at_ms: int | None
+    execution_id: str | None
     context: ExecutionContextSnapshot | None
-
-    @property
-    def terminal(self) -> bool:
-        return self.status.terminal
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEvent:
-    id: str
-    type: str
-    fields: dict[str, str]
-
-    def get(self, name: str, default: str = "") -> str:
-        return self.fields.get(name, default)
+    inputs: Mapping[str, Any] | None
+    retention_s: int
+    archive_hold_s: int | None
+    then_record: tuple[str, Mapping[str, str]] | None
 
 
 def _entry(event_type: str, fields: Mapping[str, str]) -> list[str]:
@@ -271,56 +170,33 @@ class ExecutionStore:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    async def create(
-        self,
-        plan: Plan,
-        *,
-        execution_id: str | None = None,
-        context: ExecutionContextSnapshot | None = None,
-        inputs: Mapping[str, Any] | None = None,
-        retention_s: int = DEFAULT_RETENTION_S,
-        archive_hold_s: int | None = None,
-        then_record: tuple[str, Mapping[str, str]] | None = None,
-    ) -> str:
-        """Write a new execution (idempotent for the same id and plan) and return its id.
-
-        ``archive_hold_s`` None: archiving off, finalization sets ``retention_s`` as the
-        keys' TTL. Otherwise finalization queues the execution on the archive outbox
-        and sets this fallback TTL (0: none); the archiver sets ``retention_s`` once it
-        has durably archived the execution. ``then_record``: ``(type, fields)`` of one
-        more ledger entry appended in the same call, whether the execution was created
-        now or existed (as :meth:`record_event` would; the runtime's ``run_started``)."""
-        eid, _ = await self.create_and_claim(
-            plan,
-            execution_id=execution_id,
-            context=context,
-            inputs=inputs,
-            retention_s=retention_s,
-            archive_hold_s=archive_hold_s,
-            then_record=then_record,
-        )
+    async def create(self, plan: Plan, **options: Unpack[CreateOptions]) -> str:
+        """Write a new execution (idempotent for the same id and plan) and return its id
+        (the options: :class:`CreateOptions`)."""
+        eid, _ = await self.create_and_claim(plan, None, **options)
         return eid
 
     async def create_and_claim(
         self,
         plan: Plan,
-        *,
-        execution_id: str | None = None,
-        context: ExecutionContextSnapshot | None = None,
-        inputs: Mapping[str, Any] | None = None,
-        retention_s: int = DEFAULT_RETENTION_S,
-        archive_hold_s: int | None = None,
-        then_record: tuple[str, Mapping[str, str]] | None = None,
-        claim: tuple[str, int, int] | None = None,
+        claim: tuple[str, int, int] | None,
+        **options: Unpack[CreateOptions],
     ) -> tuple[str, ClaimBatch | None]:
         """:meth:`create`, and when ``claim`` = ``(owner, count, lease_ms)`` is given, up
         to ``count`` of the first ready steps claimed for ``owner`` in the same call (as
         :meth:`claim` would): the batch, or None when the execution existed already
         (nothing claimed)."""
-        eid = execution_id or f"ex-{uuid.uuid4().hex}"
+        eid = options.get("execution_id") or f"ex-{uuid.uuid4().hex}"
         args = _create_args(
-            eid, plan, context, merged_inputs(plan, inputs), retention_s, archive_hold_s, claim
+            eid,
+            plan,
+            options.get("context"),
+            merged_inputs(plan, options.get("inputs")),
+            options.get("retention_s", DEFAULT_RETENTION_S),
+            options.get("archive_hold_s"),
+            claim,
         )
+        then_record = options.get("then_record")
         if then_record is not None:
             args += _entry(*then_record)
         if not self._layout_checked:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airuntime.core.context import ExecutionContextSnapshot
-from airuntime.engine.execution_store import ExecutionInfo, ExecutionStore
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
+from airuntime.engine.store_results import ExecutionInfo
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 
 ProgressCallback = Callable[[ExecutionInfo], None]

@@ -47,11 +47,11 @@ from airuntime.core.errors import OK, EngineError, ExecutionNotFound, ExecutionT
 from airuntime.core.tasks import cancel_and_wait
 from airuntime.core.transient import TRANSIENT_ERRORS, retry_transient
 from airuntime.engine.concurrency import ConcurrencyContext
-from airuntime.engine.execution_store import Claim, ClaimBatch, ControlState
 from airuntime.engine.pipeline import Plan, PlanStep, ResolvedThrottle
 from airuntime.engine.pool_settings import AttemptOutcome
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.step_run import REPORT_ERRORS, Report, StepRun
+from airuntime.engine.store_results import Claim, ClaimBatch, ControlState
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 from airuntime.core.errors import EngineError, InvalidTransition, NonRetryableError, StaleClaim
 from airuntime.core.transient import TRANSIENT_ERRORS
-from airuntime.engine.execution_store import Claim, FailOutcome
 from airuntime.engine.handlers import StepContext, invoke
 from airuntime.engine.pipeline import PlanStep
 from airuntime.engine.pool_settings import AttemptOutcome
 from airuntime.engine.references import resolve
 from airuntime.engine.retry import retry_delay_s
+from airuntime.engine.store_results import Claim, FailOutcome
 
 if TYPE_CHECKING:
     from airuntime.engine.participation import Participation

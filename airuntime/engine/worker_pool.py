@@ -34,7 +34,7 @@ from airuntime.core.transient import retry_transient
 from airuntime.engine.concurrency import AdmissionPolicy, ConcurrencyLeases, ZeroLimitPolicy
 from airuntime.engine.control_feed import ControlFeed
 from airuntime.engine.control_poll import ControlPoll
-from airuntime.engine.execution_store import ClaimBatch, ExecutionStore
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.participation import Participation
 from airuntime.engine.payloads import PayloadOffload
@@ -47,6 +47,7 @@ from airuntime.engine.pool_settings import (
     StepSlots,
 )
 from airuntime.engine.status import ExecutionStatus
+from airuntime.engine.store_results import ClaimBatch
 
 __all__ = [
     "AttemptOutcome",

@@ -18,7 +18,7 @@ import pytest
 from redis.asyncio import RedisCluster
 
 from airuntime.core.redis_client import RedisClient
-from airuntime.engine.execution_store import ExecutionStore, LedgerEvent
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import (
     HandlerRegistry,
     StepCancelled,
@@ -27,6 +27,7 @@ from airuntime.engine.handlers import (
     set_shared_executor,
 )
 from airuntime.engine.status import ExecutionStatus
+from airuntime.engine.store_results import LedgerEvent
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from runtime_pod.step_slots import StepSlotController
 from tests.dags import plan_of

@@ -22,8 +22,9 @@ import pytest
 
 from airuntime.core.redis_client import CountingRedisCluster, connect
 from airuntime.devstack.cluster import LocalCluster
-from airuntime.engine.execution_store import ExecutionStore, LedgerEvent
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext
+from airuntime.engine.store_results import LedgerEvent
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from tests.dags import fan, plan_of
 

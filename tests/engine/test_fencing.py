@@ -11,8 +11,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from airuntime.engine.execution_store import ExecutionStore, RenewResult
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext, TransientError
+from airuntime.engine.store_results import RenewResult
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from tests.dags import plan_of
 

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime.core.scripts import library
-from airuntime.engine.execution_store import ExecutionStore, LedgerEvent
+from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import (
@@ -22,6 +22,7 @@ from airuntime.engine.status import (
     ExecutionStatus,
     StepStatus,
 )
+from airuntime.engine.store_results import LedgerEvent
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from tests.dags import plan_of
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from airuntime.core.context import ExecutionContextSnapshot, current_context
-from airuntime.engine.execution_store import LedgerEvent
 from airuntime.engine.handlers import HandlerRegistry, StepContext
+from airuntime.engine.store_results import LedgerEvent
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunRequest
 from airuntime.fleet.tenancy import DEFAULT_ALLOWED_HANDLERS, TenantSettings
