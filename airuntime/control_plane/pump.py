@@ -145,12 +145,14 @@ class BackgroundPump:
     async def run(self, ctx: LoopContext) -> None:
         await self.wait_ready(ctx)
         while True:
+            # Cleared before the pass, not after it: a submit landing while the pass
+            # runs (after it looked at the queues) must not wait out the idle period.
+            self.wake.clear()
             result = await self.pump.pump_batches(self.batch, self.claim_batch)
             ctx.ok()
             if result.dispatched == 0 or result.failed > 0:
                 # Nothing moved, or some runs found no room: capacity changes when runs
                 # start and end, so wait for a submit or the idle period instead of
                 # claiming the same items again at once.
-                self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.idle_s)

@@ -17,9 +17,11 @@ from typing import Any
 from redis.asyncio import Redis
 
 from airuntime.control_plane.dispatch import DispatchResult
+from airuntime.control_plane.pump import BackgroundPump, PumpResult, PumpStop, SharedQueuePump
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.core.supervision import Supervisor
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -115,3 +117,42 @@ async def test_background_pump_waits_for_a_ready_runtime_then_dispatches_over_ht
 async def _when_succeeded(cp: ControlPlane, shared_run_id: str) -> dict[str, Any] | None:
     body = await run_body(cp, shared_run_id, "default")
     return body if body is not None and body["status"] == "Succeeded" else None
+
+
+class GatedPump(SharedQueuePump):
+    """A pump whose passes find nothing; the first one waits for the test to submit."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.inside_first = asyncio.Event()
+        self.release_first = asyncio.Event()
+        self.second_pass = asyncio.Event()
+
+    async def pump_batches(self, max_runs: int = 1000, batch: int = 64) -> PumpResult:
+        self.passes += 1
+        if self.passes == 1:
+            self.inside_first.set()  # the pass has looked at the queues: empty
+            await self.release_first.wait()
+        else:
+            self.second_pass.set()
+        return PumpResult(stopped=PumpStop.EMPTY)
+
+
+async def test_a_submit_during_an_empty_pass_is_not_left_for_the_idle_period(
+    redis: Redis,
+) -> None:
+    """The submit's wake-up lands while a pass that found nothing is still running: the
+    pump looks again at once instead of sleeping its idle period (an hour here)."""
+    pump = GatedPump()
+    background = BackgroundPump(pump, Registry(redis), idle_s=3600)
+    background.ready.set()
+    supervisor = Supervisor("pump-test")
+    supervisor.start("pump", background.run)
+    try:
+        await asyncio.wait_for(pump.inside_first.wait(), 10)
+        background.wake.set()  # what ControlPlane.submit does
+        pump.release_first.set()
+        await asyncio.wait_for(pump.second_pass.wait(), 10)
+    finally:
+        await supervisor.stop()
+    assert pump.passes == 2
