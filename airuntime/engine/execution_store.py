@@ -136,6 +136,15 @@ def _claim_batch(execution_id: str, reply: Sequence[Any]) -> ClaimBatch:
     return ClaimBatch(status, wake, throttled, claims, recovered=_i(reply[4]))
 
 
+def _control_state(status: Any, control: Any) -> ControlState | None:
+    """The meta fields ``status`` and ``control`` as a state (None: no execution)."""
+    if status is None:
+        return None
+    return ControlState(
+        ExecutionStatus(_s(status)), control is not None and _s(control) == "cancel"
+    )
+
+
 def merged_inputs(plan: Plan, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The inputs an execution of ``plan`` runs with: the plan's defaults, overridden by
     the run's ``inputs`` (what :meth:`ExecutionStore.create` stores)."""
@@ -451,12 +460,12 @@ class ExecutionStore:
         status, control = await self.redis.hmget(
             self.keys_of(execution_id).meta, ["status", "control"]
         )
-        if status is None:
+        state = _control_state(status, control)
+        if state is None:
             raise ExecutionNotFound(
                 f"Execution {execution_id} does not exist.", execution_id=execution_id
             )
-        cancel_requested = control is not None and _s(control) == "cancel"
-        return ControlState(ExecutionStatus(_s(status)), cancel_requested)
+        return state
 
     async def control_states(self, execution_ids: Sequence[str]) -> dict[str, ControlState]:
         """:meth:`control_state` of many executions in one round trip (a pipeline); an
@@ -464,12 +473,12 @@ class ExecutionStore:
         pipe = self.redis.pipeline(transaction=False)
         for eid in execution_ids:
             pipe.hmget(self.keys_of(eid).meta, ["status", "control"])
-        out: dict[str, ControlState] = {}
-        for eid, (status, control) in zip(execution_ids, await pipe.execute(), strict=True):
-            if status is not None:
-                cancel = control is not None and _s(control) == "cancel"
-                out[eid] = ControlState(ExecutionStatus(_s(status)), cancel)
-        return out
+        states = [_control_state(*fields) for fields in await pipe.execute()]
+        return {
+            eid: state
+            for eid, state in zip(execution_ids, states, strict=True)
+            if state is not None
+        }
 
     async def throttled_ready(self, execution_id: str, count: int) -> list[str]:
         """Up to ``count`` ready throttled steps, in plan order (they are claimed one by
