@@ -289,7 +289,7 @@ class RuntimeInstance:
             self._changed.set()
         elif record.execution_id and not record.status.terminal:
             with contextlib.suppress(AirError):
-                await self.store.cancel(record.execution_id, actor=f"tenant {tenant_id}")
+                await self.store.cancel_announced(record.execution_id, actor=f"tenant {tenant_id}")
         return await self.index.get_for_tenant(run_id, tenant_id)
 
     # -- lifecycle --------------------------------------------------------------------

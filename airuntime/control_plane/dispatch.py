@@ -114,7 +114,7 @@ async def cancel_local_run(
         return
     if record.execution_id:
         with contextlib.suppress(AirError):
-            await executions.cancel(record.execution_id, actor=f"tenant {tenant_id}")
+            await executions.cancel_announced(record.execution_id, actor=f"tenant {tenant_id}")
         return
     await index.remove_queued(record.instance_id, record.run_id)
     await index.mark_finished(record.run_id, RunStatus.CANCELLED, "cancelled before start")

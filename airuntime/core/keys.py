@@ -5,8 +5,8 @@ and keeps Lua scripts and Python in agreement about key order.
 
 Slot layout of executions (Redis Cluster: a multi-key script must stay in one slot).
 Every execution belongs to a *bucket*, ``crc32(ExecutionId) % B``, and its keys and
-the three execution indexes (``executions``, ``executions:active``,
-``archive:outbox``) of its bucket share the bucket's hash tag, so the scripts that
+the four bucket keys (``executions``, ``executions:active``, ``archive:outbox``,
+``early-cancels``) of its bucket share the bucket's hash tag, so the scripts that
 create or finalize an execution update the indexes atomically with the transition
 (an index never names an execution that is not there or forgets one that is, and a
 finalized execution is queued for the archiver exactly once) in one slot. ``B`` is 1
@@ -23,10 +23,9 @@ execution is created; a process that finds another ``B`` refuses to start
 per scope ``{l:<scope>}``; the control plane's keys: see their rows).
 
 Per execution (hash tag ``{e:<eid>}``, on a cluster ``{x:<b>:<n>}`` with ``:e:<eid>``
-after it; no TTL before finalization. Archiving off: all
-get the retention TTL when the execution is finalized. Archiving on (``archive_hold_s``
-in meta): finalization gives them the fallback TTL ``archive_hold_s``, and the archiver
-sets the retention TTL once the execution is durably archived):
+after it; no TTL before finalization. Archiving off: all get the retention TTL when the
+execution is finalized. Archiving on (``archive_hold_s`` in meta): finalization gives
+them the fallback TTL ``archive_hold_s``, the archiver the retention TTL once archived):
 
 =====================================  ======  =====================================================
 key                                    type    content / written by
@@ -62,7 +61,7 @@ key                                    type    content / written by
 ``air:{e:E}:snapshot``                 string  terminal snapshot JSON. finalization.
 =====================================  ======  =====================================================
 
-Global (the first three: one set per execution bucket, see above):
+Global (the first four: one set per execution bucket, see above):
 
 ==========================  ======  ========================================================
 ``air:executions``          zset    execution id -> created ms (listing). createExecution
@@ -79,6 +78,9 @@ Global (the first three: one set per execution bucket, see above):
                                     gone); claimArchive-1 leases, captureArchive-1
                                     reads, settleArchives-1 removes after the durable
                                     write (history.archiver).
+``air:early-cancels``       zset    id -> ms of a cancel that came before its execution:
+                                    controlExecution adds (trims after a day),
+                                    createExecution takes it and creates it cancelled.
 ``air:execution-layout``    string  execution bucket count B (1 standalone, 128 cluster),
                                     SET NX by the first store that creates an execution.
 ``air:{l:<scope>}:holders`` zset    concurrency lease holders of one throttle scope, score =
@@ -131,8 +133,7 @@ key                                 type    content / written by
 ``air:{air}:run:<RunId>``           hash    run execution index record + request (run
                                             bucket). acceptRun-4 creates it, startRun-3/
                                             finishRun-6/adoptRun-1 change it; finishRun
-                                            sets its TTL =
-                                            the runtime's run retention
+                                            sets its TTL = the runtime's run retention
                                             (``AIRUNTIME_RUN_RETENTION_S``, 7 d).
 ``air:{air}:shared-run:<SRID>``     string  RunId accepted for a SharedRunId. acceptRun-4
                                             (one step with the record); TTL = run retention
@@ -175,8 +176,7 @@ key                                 type    content / written by
 ``air:{q:<t>}:claimed``             zset    tenant t's claimed items (score = claim lease
                                             expiry ms). Queue scripts; recoverSharedRuns-2.
 ``air:{q:<t>}:item:<SRID>``         hash    queue item status, claim token, counters (the
-                                            scripts build it from
-                                            :func:`squeue_item_prefix` (t) + SRID).
+                                            scripts build it from squeue_item_prefix + SRID).
 ``air:{r:<inst>}:reservations``     zset    admission reservations of an instance's run
                                             slots. reserveSlot-1, confirmReservation-1.
 ``air:instance:<id>:inbox``         stream  run requests delivered by the ``redis``
@@ -242,7 +242,6 @@ EXECUTION_KEY_SUFFIXES: tuple[str, ...] = (
     "snapshot",
 )
 
-
 CLUSTER_EXECUTION_BUCKETS = 128
 """Execution buckets on a Redis Cluster (1 on a standalone server). Fixed: a
 deployment's executions are written under it, see :func:`execution_layout`."""
@@ -250,7 +249,7 @@ deployment's executions are written under it, see :func:`execution_layout`."""
 
 @dataclass(frozen=True, slots=True)
 class ExecutionBucket:
-    """One slot's share of the executions and its three indexes (see module doc)."""
+    """One slot's share of the executions and its four keys (see module doc)."""
 
     index: int
     buckets: int = 1
@@ -276,6 +275,11 @@ class ExecutionBucket:
         """Finalized executions not yet archived (score = when due, ms)."""
         return f"{self.prefix}:archive:outbox"
 
+    @property
+    def early_cancels(self) -> str:
+        """Cancels that arrived before their execution was created (id -> ms)."""
+        return f"{self.prefix}:early-cancels"
+
 
 def execution_buckets(buckets: int = 1) -> list[ExecutionBucket]:
     """Every bucket of a layout of ``buckets`` (what index readers iterate)."""
@@ -292,10 +296,8 @@ def bucket_of(execution_id: str, buckets: int = 1) -> ExecutionBucket:
 
 
 def execution_layout() -> str:
-    """The bucket count the deployment's executions were written with (string): set
-    once, checked by every process that creates executions
-    (:mod:`airuntime.engine.layout`), so switching layouts with data in place fails
-    with a clear error instead of losing executions from every index."""
+    """The bucket count the executions were written with, set once and checked by every
+    process that creates executions (:mod:`airuntime.core.execution_layout`)."""
     return f"{PREFIX}:execution-layout"
 
 
@@ -328,9 +330,10 @@ class ExecutionKeys:
         """KEYS of an execution script taking ``num_keys`` keys: the execution's keys
         (21), then its bucket's active index (22: scripts that can finalize remove the
         execution from it), archive outbox (23: ... and queue it for the archiver),
-        then list index (24: ``createExecution`` lists it); all in one slot."""
+        list index (24: ``createExecution`` lists it), then early cancels (25: kept
+        by ``controlExecution``, applied by ``createExecution``); all in one slot."""
         bucket = self.bucket
-        extra = [bucket.active, bucket.outbox, bucket.executions]
+        extra = [bucket.active, bucket.outbox, bucket.executions, bucket.early_cancels]
         base = len(EXECUTION_KEY_SUFFIXES)
         if not base <= num_keys <= base + len(extra):
             raise ValueError(f"no execution script takes {num_keys} keys")
@@ -516,8 +519,7 @@ def shared_runs_by_tenant(tenant_id: str) -> str:
 
 
 def squeue_tag(tenant_id: str) -> str:
-    """The hash tag of one tenant's shared queue: its pending and claimed zsets and its
-    items share one slot, and different tenants' queues spread over the cluster."""
+    """One tenant's shared queue tag: its zsets and items in one slot, tenants spread."""
     return f"{PREFIX}:{{q:{tenant_id}}}"
 
 

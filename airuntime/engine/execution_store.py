@@ -38,6 +38,8 @@ from airuntime.engine.store_results import (
 )
 
 DEFAULT_RETENTION_S = 7 * 24 * 3600
+EARLY_CANCEL_KEPT = 2
+"""controlExecution's code for a cancel kept until its execution is created."""
 
 
 def _i(value: Any) -> int:
@@ -77,7 +79,7 @@ def _create_args(
     archive_hold_s: int | None,
     claim: tuple[str, int, int] | None = None,
 ) -> list[Any]:
-    """ARGV of ``createExecution-24.lua``: the execution, who claims the first steps
+    """ARGV of ``createExecution-25.lua``: the execution, who claims the first steps
     (owner, count, lease ms), then seven values per step."""
     args: list[Any] = [
         eid,
@@ -321,11 +323,17 @@ class ExecutionStore:
             ExecutionStatus(_s(reply[0])), _i(reply[1]), _i(reply[2]), _i(reply[3])
         )
 
-    async def _control(self, execution_id: str, action: str, actor: str) -> ExecutionStatus:
+    async def _control(
+        self, execution_id: str, action: str, actor: str, early: bool = False
+    ) -> ExecutionStatus:
         reply = await self._call(
-            "controlExecution", execution_id, [action, actor, keys.control_channel()]
+            "controlExecution",
+            execution_id,
+            [action, actor, keys.control_channel(), execution_id if early else ""],
         )
         code = _i(reply[0])
+        if code == EARLY_CANCEL_KEPT:
+            return ExecutionStatus.CANCELLING
         if code < 0:
             raise error_for(code, execution_id=execution_id, detail=_s(reply[1]))
         return ExecutionStatus(_s(reply[1]))
@@ -338,6 +346,14 @@ class ExecutionStore:
 
     async def cancel(self, execution_id: str, actor: str = "") -> ExecutionStatus:
         return await self._control(execution_id, "cancel", actor)
+
+    async def cancel_announced(self, execution_id: str, actor: str = "") -> ExecutionStatus:
+        """Cancel an execution whose id a run record already names. The record names it
+        from the run's start on, a moment before the runtime creates it: a cancel in
+        that window is kept (Cancelling) and the execution is created cancelled
+        (controlExecution-25.lua), so it is never lost. Callers pass only ids read from
+        a record the tenant may see (an unknown id would be kept for a day)."""
+        return await self._control(execution_id, "cancel", actor, early=True)
 
     async def provide_input(
         self, execution_id: str, step_id: str, value: Any, actor: str = ""

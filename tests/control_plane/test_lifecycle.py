@@ -232,6 +232,43 @@ async def test_cancelling_a_dispatched_run_ends_it_cancelled(
     assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.CANCELLED
 
 
+async def test_a_cancel_between_the_runs_start_and_its_execution_stands(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    """The run record names its ExecutionId (startRun) a moment before the runtime
+    creates the execution: a cancel in that window once found no execution, was
+    dropped, and the run ran to Succeeded. A latch holds the creation in the window."""
+    slow = {"id": "slow", "steps": [{"id": "a", "uses": "sleep", "with": {"seconds": 30}}]}
+    host = RuntimeHost(redis, LOCAL_RUNTIME, instances=1)
+    async with serving(cp, host):
+        store = host.instances[0].store
+        create = store.create_and_claim
+        in_window, go_on = asyncio.Event(), asyncio.Event()
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            in_window.set()
+            await go_on.wait()
+            return await create(*args, **kwargs)
+
+        store.create_and_claim = held  # type: ignore[method-assign]
+        run = await cp.submit(slow, snap())
+        assert (await cp.drain(1)).dispatched == 1
+        await asyncio.wait_for(in_window.wait(), 30)
+        body = await cp.get(run.shared_run_id, "default")
+        assert body is not None and body.execution_id is not None and body.execution is None
+        answer = await cp.cancel(run.shared_run_id, "default")
+        assert answer is not None and answer.reason == "cancel requested"
+        go_on.set()
+
+        async def ended() -> bool:
+            return (await cp.runs.require(run.shared_run_id)).status.terminal
+
+        await wait_for(ended, what="the shared run to end")
+        details = await cp.get(run.shared_run_id, "default")
+    assert details is not None and details.status is SharedRunStatus.CANCELLED
+    assert details.steps is not None and details.steps["a"] == "cancelled"
+
+
 async def test_submit_creates_the_queued_run_and_its_queue_item_in_one_step_and_a_cancel_stands(
     redis: Redis, cp: ControlPlane
 ) -> None:

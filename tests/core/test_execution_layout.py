@@ -41,10 +41,11 @@ def test_buckets_spread_evenly_over_three_equal_slot_ranges() -> None:
 def test_a_standalone_server_keeps_the_single_set_of_indexes() -> None:
     ek = keys.execution_keys("ex-1")
     assert ek.meta == "air:{e:ex-1}:meta"
-    assert ek.for_script(24)[21:] == [
+    assert ek.for_script(25)[21:] == [
         "air:executions:active",
         "air:archive:outbox",
         "air:executions",
+        "air:early-cancels",
     ]
 
 
@@ -59,4 +60,4 @@ async def test_switching_layout_with_data_in_place_is_refused(
         await check_layout(cluster_redis)
     with pytest.raises(LayoutMismatch):
         await ExecutionStore(cluster_redis).create(plan_of({"a": []}), execution_id="e1")
-    assert await cluster_redis.exists(*keys.execution_keys("e1", B).for_script(24)) == 0
+    assert await cluster_redis.exists(*keys.execution_keys("e1", B).for_script(25)) == 0

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from redis.asyncio import RedisCluster
 
+from airuntime.core.errors import ExecutionNotFound
 from airuntime.core.redis_client import RedisClient
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import (
@@ -423,3 +424,40 @@ async def test_a_held_pool_keeps_one_subscription_across_its_runs(store: Executi
     assert feed.subscriptions == 1
     await pool.release()
     assert pool.control_feed is None and pool.control_poll is None
+
+
+async def test_a_cancel_before_the_execution_exists_is_kept_for_its_creation(
+    store: ExecutionStore,
+) -> None:
+    """A run record names its ExecutionId a moment before its runtime creates the
+    execution: a cancel in that window must not be lost (it once was: the run ran on)."""
+    ran: list[str] = []
+
+    def never(ctx: StepContext) -> Any:
+        ran.append(ctx.step_id)
+        return "ran"
+
+    reg = registry(never=never)
+    plan = plan_of({"a": [], "b": ["a"]}, steps={"a": {"uses": "never"}}, registry=reg)
+    with pytest.raises(ExecutionNotFound):
+        await store.cancel("ex-early", actor="test")  # a plain cancel still needs the execution
+    kept = await store.cancel_announced("ex-early", actor="tenant t")
+    assert kept is ExecutionStatus.CANCELLING
+    assert await store.cancel_announced("ex-early", actor="tenant t") is kept, "idempotent"
+    _, batch = await store.create_and_claim(plan, ("pool-1", 4, 30_000), execution_id="ex-early")
+    assert batch is not None and batch.status is CANCELLED and batch.claims == []
+    pool = WorkerPool(store, reg)
+    assert await pool.run("ex-early") is CANCELLED
+    assert ran == []
+    events = await store.events("ex-early")
+    types = [e.type for e in events]
+    assert types.count("cancel_requested") == 1 and "step_claimed" not in types
+    assert types.index("execution_created") < types.index("cancel_requested")
+    snap = await store.snapshot("ex-early")
+    assert snap is not None and snap["status"] == "Cancelled"
+    assert {s["status"] for s in snap["steps"].values()} == {"cancelled"}
+    early = store.keys_of("ex-early").bucket.early_cancels
+    assert await store.redis.zcard(early) == 0, "the kept cancel was taken"
+    # An execution created without an early cancel is not touched by the set.
+    eid = await store.create(plan)
+    assert (await store.info(eid)).status is ExecutionStatus.RUNNING

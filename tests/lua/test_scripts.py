@@ -40,9 +40,10 @@ def test_every_script_documents_its_keys_arguments_and_returns(path: Path) -> No
     )
     if uses_exec_keys:
         # 21 execution keys; + the active index and the archive outbox for scripts that
-        # can finalize; + those and the listing index for the one that creates.
-        expected = 21 + 2 * ('--- @include "finalize"' in body)
-        expected += 3 * path.stem.startswith("create")
+        # can finalize; all four indexes (+ the listing index and the early cancels)
+        # for the ones that create an execution or keep a cancel for its creation.
+        finalizes = '--- @include "finalize"' in body
+        expected = 25 if "ek.earlyCancels" in body else 21 + 2 * finalizes
         assert n == expected, f"{path.name} should take {expected} keys"
 
 

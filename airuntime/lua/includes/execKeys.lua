@@ -4,8 +4,9 @@
 -- argument; `all` holds the 21 per-execution keys (finalization sets the retention
 -- TTL on each). Scripts that can finalize get KEYS[22] `activeIndex`
 -- (air:executions:active) and KEYS[23] `archiveOutbox` (air:archive:outbox);
--- createExecution also KEYS[24] `listIndex` (air:executions); all are nil for the
--- 21-key scripts.
+-- createExecution also KEYS[24] `listIndex` (air:executions); createExecution and
+-- controlExecution also KEYS[25] `earlyCancels` (air:early-cancels: cancels of an
+-- execution not created yet); all are nil for the 21-key scripts.
 local function execKeys(keys)
   local own = {}
   for i = 1, 21 do own[i] = keys[i] end
@@ -35,5 +36,6 @@ local function execKeys(keys)
     activeIndex = keys[22],
     archiveOutbox = keys[23],
     listIndex = keys[24],
+    earlyCancels = keys[25],
   }
 end

@@ -5,11 +5,15 @@
   step, so an index entry exists exactly when the execution does.
   Idempotent: creating the same execution id with the same plan digest again
   returns 0 and changes nothing.
+  A cancel that came before the execution existed (controlExecution kept its id in
+  the early-cancel set) is applied here: the execution is created, cancelled and
+  finalized Cancelled in the same step, and nothing is claimed.
 
   Input:
     KEYS[1..21] the execution's keys (airuntime.keys.EXECUTION_KEY_SUFFIXES)
     KEYS[22] air:executions:active (of the execution's bucket)   KEYS[23] air:archive:outbox (of the execution's bucket) (written only to queue an archived execution again for a new entry)
     KEYS[24] air:executions (of the execution's bucket)
+    KEYS[25] air:early-cancels (of the execution's bucket) (zset: id -> ms; the id is removed once applied)
     ARGV[1]  execution id
     ARGV[2]  plan JSON
     ARGV[3]  plan digest
@@ -40,7 +44,8 @@
   Output:
     {1, status, 0, n, throttledReady, 0, [step, token, attempt, nrefs, (ref, outputJSON) * nrefs] * n}
                  created; n steps claimed for ARGV[12] (claimSteps' reply after the code,
-                 so a worker that creates starts without a claim round trip)
+                 so a worker that creates starts without a claim round trip); status
+                 'Cancelled' (n = 0) when an early cancel was waiting for it
     {0, status}  already existed with the same plan digest (nothing claimed)
     {-9}         already exists with a different plan
 ]]
@@ -51,6 +56,7 @@
 --- @include "refreshStatus"
 --- @include "appendEntry"
 --- @include "claimReady"
+--- @include "finalize"
 
 local ek = execKeys(KEYS)
 local n = tonumber(ARGV[10])
@@ -98,6 +104,14 @@ redis.call('ZADD', ek.listIndex, 'NX', now, ARGV[1])
 redis.call('ZADD', ek.activeIndex, 'NX', now, ARGV[1])
 for _, step in ipairs(roots) do enqueueReady(ek, step) end
 if #entry > 0 then emit(ek, unpack(entry)) end
+local early = redis.call('ZSCORE', ek.earlyCancels, ARGV[1])
+if early then
+  redis.call('ZREM', ek.earlyCancels, ARGV[1])
+  redis.call('HSET', ek.meta, 'control', 'cancel', 'cancel_requested_at', early)
+  emit(ek, 'type', 'cancel_requested', 'actor', 'before creation', 'requested_at', early)
+  refreshStatus(ek)
+  return {1, finalizeIfDone(ek, now) or refreshStatus(ek), 0, 0, 0, 0}
+end
 local status = refreshStatus(ek)
 local result = {1, status, 0, 0, redis.call('ZCARD', ek.readyThrottled), 0}
 if ARGV[12] ~= '' and status == 'Running' then
