@@ -50,6 +50,7 @@ from airuntime.fleet.registry import (
     InstanceStatus,
     Registry,
 )
+from airuntime.fleet.run_cancel import CancelOutcome, cancel_run
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings, is_visible
@@ -279,17 +280,12 @@ class RuntimeInstance:
         return await self.index.get_for_tenant(run_id, tenant_id)
 
     async def cancel_run(self, run_id: str, tenant_id: str) -> RunRecord | None:
-        record = await self.index.get_for_tenant(run_id, tenant_id)
-        if record is None:
+        outcome = await cancel_run(self.index, self.store, run_id, tenant_id)
+        if outcome is CancelOutcome.NOT_FOUND:
             return None  # never touch the controller for a run the caller may not see
-        if record.status is RunStatus.QUEUED and await self.index.cancel_queued(
-            record, "cancelled while queued"
-        ):
+        if outcome is CancelOutcome.CANCELLED_QUEUED:
             self.run_state(run_id, RunStatus.CANCELLED)
             self._changed.set()
-        elif record.execution_id and not record.status.terminal:
-            with contextlib.suppress(AirError):
-                await self.store.cancel_announced(record.execution_id, actor=f"tenant {tenant_id}")
         return await self.index.get_for_tenant(run_id, tenant_id)
 
     # -- lifecycle --------------------------------------------------------------------

@@ -36,12 +36,12 @@ from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus, S
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
 from airuntime.control_plane.suspects import FAULT_REASONS, SuspectMarks
 from airuntime.core.context import use_context
-from airuntime.core.errors import AirError
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.fleet.providers import DeliveryError, RuntimeProvider
 from airuntime.fleet.registry import InstanceDescriptor
+from airuntime.fleet.run_cancel import cancel_run
 from airuntime.fleet.run_index import RunIndex
-from airuntime.fleet.runs import RunRequest, RunStatus
+from airuntime.fleet.runs import RunRequest
 
 log = logging.getLogger(__name__)
 
@@ -102,22 +102,6 @@ class DispatchResult:
 
 
 DispatchObserver = Callable[[DispatchResult], None]
-
-
-async def cancel_local_run(
-    index: RunIndex, executions: ExecutionStore, run_id: str, tenant_id: str
-) -> None:
-    """Cancel a run a runtime instance accepted: take it out of its local queue before
-    it starts, or cancel its execution. Finished runs are left as they are."""
-    record = await index.get_for_tenant(run_id, tenant_id)
-    if record is None or record.status.terminal:
-        return
-    if record.execution_id:
-        with contextlib.suppress(AirError):
-            await executions.cancel_announced(record.execution_id, actor=f"tenant {tenant_id}")
-        return
-    await index.remove_queued(record.instance_id, record.run_id)
-    await index.mark_finished(record.run_id, RunStatus.CANCELLED, "cancelled before start")
 
 
 class SharedRunDispatcher:
@@ -353,7 +337,7 @@ class SharedRunDispatcher:
     ) -> DispatchResult:
         """Cancelled while this pump held the claim, after the runtime accepted: cancel
         that local run and leave the shared run Cancelled (not Dispatched)."""
-        await cancel_local_run(self.run_index, self.executions, run_id, run.snapshot.tenant_id)
+        await cancel_run(self.run_index, self.executions, run_id, run.snapshot.tenant_id)
         await self.admission.release(admitted.reservation)
         await self.runs.transition(
             run.shared_run_id,

@@ -38,7 +38,6 @@ from airuntime.control_plane.dispatch import (
     DispatchObserver,
     PumpIdentity,
     SharedRunDispatcher,
-    cancel_local_run,
 )
 from airuntime.control_plane.outcomes import OutcomeReader, end_shared_run, outcome_of
 from airuntime.control_plane.pump import BackgroundPump, PumpResult, SharedQueuePump
@@ -77,6 +76,7 @@ from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pip
 from airuntime.fleet.discovery import publish_control_plane
 from airuntime.fleet.providers import LocalProvider, RuntimeProvider
 from airuntime.fleet.registry import InstanceDescriptor, Registry
+from airuntime.fleet.run_cancel import cancel_run
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRecord, RunStatus
 from airuntime.history.archiver import ExecutionArchiver
@@ -389,7 +389,7 @@ class ControlPlane:
 
     async def _cancel_runtime_run(self, run: SharedRun, run_id: str) -> SharedRun:
         tenant = run.snapshot.tenant_id
-        await cancel_local_run(self.run_index, self.executions, run_id, tenant)
+        await cancel_run(self.run_index, self.executions, run_id, tenant)
         record = await self.run_index.get_for_tenant(run_id, tenant)
         outcome = outcome_of(record) if record is not None else None
         if outcome is not None and outcome.status is RunStatus.CANCELLED:
