@@ -83,8 +83,7 @@ class Inbox:
                 f"inbox read on {self.stream}",
             )
             for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    await self._handle(entry_id, fields)
+                await self._handle_batch(entries)
             if time.monotonic() - last_claim >= claim_every_s:
                 await self._claim_abandoned()  # a consumer that died after our start
                 last_claim = time.monotonic()
@@ -119,8 +118,7 @@ class Inbox:
             entries = [e for _, batch in reply or [] for e in batch]
             if not entries:
                 return
-            for entry_id, fields in entries:
-                await self._handle(entry_id, fields)
+            await self._handle_batch(entries)
 
     async def _claim_abandoned(self) -> None:
         """Entries another consumer (a dead process of this instance) left idle."""
@@ -139,10 +137,69 @@ class Inbox:
                 log.warning(
                     "%s claimed %d abandoned inbox entries", self.inst.instance_id, len(entries)
                 )
-            for entry_id, fields in entries:
-                await self._handle(entry_id, fields)
+            await self._handle_batch(entries)
             if cursor == "0-0":
                 return
+
+    async def _handle_batch(self, entries: list[tuple[Any, Any]]) -> None:
+        """Answer the entries read together: accepted as one batch, the answers pushed
+        per reply list (one push for the entries of one batch delivery), then all
+        acknowledged and deleted (in that order). Entries of a single delivery (no
+        ``reply_id``) and a batch that breaks acceptance are answered one by one."""
+        batched: list[tuple[Any, dict[str, str]]] = []
+        for entry_id, fields in entries:
+            f = {_text(k): _text(v) for k, v in (fields or {}).items()}
+            if f and "reply_id" in f and f.get("reply_to"):
+                batched.append((entry_id, f))
+            else:
+                await self._handle(entry_id, fields)
+        if not batched:
+            return
+        answers = await self._answer_many([f.get("request", "") for _, f in batched])
+        by_list: dict[str, list[str]] = {}
+        for (_, f), answer in zip(batched, answers, strict=True):
+            answer["reply_id"] = f["reply_id"]
+            by_list.setdefault(f["reply_to"], []).append(json.dumps(answer))
+        for reply_to, values in by_list.items():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.rpush(reply_to, *values)
+            pipe.expire(reply_to, REPLY_TTL_S)
+            ensure_transaction_slot("inbox reply", pipe)
+            await pipe.execute()
+        ids = [entry_id for entry_id, _ in batched]
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xack(self.stream, GROUP, *ids)
+        pipe.xdel(self.stream, *ids)
+        ensure_transaction_slot("inbox ack", pipe)
+        await pipe.execute()
+
+    async def _answer_many(self, raws: list[str]) -> list[dict[str, Any]]:
+        """:meth:`_answer` for a batch, accepted in one call (``accept_many``)."""
+        bodies: list[Any] = []
+        for raw in raws:
+            try:
+                bodies.append(json.loads(raw))
+            except ValueError:
+                bodies.append(None)
+        valid = [i for i, body in enumerate(bodies) if isinstance(body, dict)]
+        try:
+            accepted = await self.inst.accept_many([bodies[i] for i in valid])
+        except TRANSIENT_ERRORS:
+            raise  # unanswered and unacknowledged: re-read after the restart
+        except Exception:  # one request broke the batch: answer each alone
+            log.exception("%s: inbox batch failed; answering one by one", self.inst.instance_id)
+            return [await self._answer(raw) for raw in raws]
+        out: list[dict[str, Any]] = [
+            {"error": "run request: not a JSON object", "reason": "invalid"} for _ in raws
+        ]
+        for i, answer in zip(valid, accepted, strict=True):
+            if isinstance(answer, RunRefused):
+                out[i] = {"error": str(answer), "reason": answer.reason}
+            elif isinstance(answer, str):
+                out[i] = {"run_id": answer}
+            else:
+                out[i] = {"error": str(answer), "reason": "refused"}
+        return out
 
     async def _handle(self, entry_id: Any, fields: Any) -> None:
         """Answer one entry, then acknowledge and delete it (in that order)."""

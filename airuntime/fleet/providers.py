@@ -16,8 +16,11 @@ instance side, so a retried delivery never creates a second run.
 
 A pump delivers its batch per instance (:meth:`RuntimeProvider.deliver_many`): the
 ``local`` provider hands the instance all N runs in one call (``accept_many``: one
-round trip of acceptance scripts); ``redis`` and ``http`` send the N deliveries
-concurrently. Each answer is a RunId or the :class:`DeliveryError` of that run alone.
+round trip of acceptance scripts); ``redis`` adds the N entries in one pipeline with
+one reply list for the batch (each entry names its ``reply_id``, echoed in its answer,
+so answers are matched whatever order they come in) and the instance answers the
+entries it read together with one push; ``http`` sends the N deliveries concurrently.
+Each answer is a RunId or the :class:`DeliveryError` of that run alone.
 """
 
 from __future__ import annotations
@@ -163,7 +166,64 @@ class RedisProvider:
     async def deliver_many(
         self, instance: InstanceDescriptor, requests: list[RunRequest]
     ) -> list[Delivered]:
-        return await deliver_each(self, instance, requests)
+        """The N requests as N inbox entries added in one round trip, answered on one
+        reply list; a request with no answer by ``timeout_s`` fails alone (timeout)."""
+        if len(requests) == 1:
+            return await deliver_each(self, instance, requests)
+        iid = instance.instance_id
+        reply_to = keys.reply_list(uuid.uuid4().hex)
+        pipe = self.redis.pipeline(transaction=False)
+        for i, request in enumerate(requests):
+            pipe.xadd(
+                keys.instance_inbox(iid),
+                {"request": request.model_dump_json(), "reply_to": reply_to, "reply_id": str(i)},
+                maxlen=INBOX_MAXLEN,
+                approximate=True,
+                nomkstream=True,
+            )
+        try:
+            added = await pipe.execute()
+        except (OSError, RedisError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            return [DeliveryError(why, reason="unreachable") for _ in requests]
+        out: list[Delivered | None] = [None] * len(requests)
+        for i, entry_id in enumerate(added):
+            if entry_id is None:
+                out[i] = DeliveryError(
+                    f"Runtime instance {iid} has no inbox (it is not running).",
+                    reason="unreachable",
+                )
+        waiting = sum(1 for o in out if o is None)
+        deadline = time.monotonic() + self.timeout_s
+        while waiting and time.monotonic() < deadline:
+            for raw in await self._replies(reply_to, waiting, deadline - time.monotonic()):
+                body = json.loads(raw)
+                at = _reply_index(body, len(requests))
+                if at is None or out[at] is not None:
+                    continue  # not one of ours, or answered again after a restart
+                try:
+                    out[at] = _parse_reply(iid, body)
+                except DeliveryError as exc:
+                    out[at] = exc
+                waiting -= 1
+        timeout = DeliveryError(
+            f"Runtime instance {iid} did not answer in {self.timeout_s} s.", reason="timeout"
+        )
+        return [timeout if o is None else o for o in out]
+
+    async def _replies(self, reply_to: str, most: int, left: float) -> list[Any]:
+        """The answers waiting on ``reply_to`` (at most ``most``), blocking up to
+        ``left`` seconds for the first one."""
+        if left <= 0:
+            return []
+        got: Any = await unless_unblocked(
+            lambda: self.redis.blpop([reply_to], timeout=block_slice_s(self.redis, left)),
+            f"reply wait on {reply_to}",
+        )
+        if got is None:
+            return []
+        more: Any = await self.redis.lpop(reply_to, most - 1) if most > 1 else None
+        return [got[1], *(more or [])]
 
     async def _reply(self, reply_to: str) -> Any:
         """BLPOP in slices the connection's socket timeout allows, until ``timeout_s``."""
@@ -238,6 +298,17 @@ def _detail(resp: httpx.Response) -> str:
         return str(resp.json().get("detail", resp.text))
     except (ValueError, AttributeError):
         return resp.text
+
+
+def _reply_index(body: Any, n: int) -> int | None:
+    """The position in the batch an answer names (``reply_id``), if valid."""
+    if not isinstance(body, dict):
+        return None
+    try:
+        i = int(body.get("reply_id", -1))
+    except (TypeError, ValueError):
+        return None
+    return i if 0 <= i < n else None
 
 
 def _parse_reply(instance_id: str, body: dict[str, Any]) -> str:
