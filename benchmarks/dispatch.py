@@ -91,6 +91,7 @@ from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import connect
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.devstack.embedded import EmbeddedServer
+from benchmarks.runtime_process import RuntimeProcess
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 
@@ -221,8 +222,19 @@ async def _collect(
     return list(zip(shared, records, strict=True))
 
 
-def _stack(redis: Redis, runs: int) -> tuple[RuntimeHost, ControlPlane]:
+Runtimes = RuntimeHost | RuntimeProcess
+
+
+def _stack(
+    redis: Redis, runs: int, url: str, runtime_process: bool
+) -> tuple[Runtimes, ControlPlane]:
     """The runtimes and the pumping control plane of one scenario (not started)."""
+    settings = ControlPlaneSettings(
+        background_pump=True, scale_out_enabled=False, control_plane_id="bench-cp"
+    )
+    if runtime_process:
+        child = RuntimeProcess(redis, url, instances=INSTANCES, slots=SLOTS, queue=2 * runs)
+        return child, ControlPlane(redis, settings)
     config = InstanceConfig(
         provider="local",
         workers=SLOTS,
@@ -231,9 +243,6 @@ def _stack(redis: Redis, runs: int) -> tuple[RuntimeHost, ControlPlane]:
         queue_capacity=2 * runs,
         heartbeat_s=1.0,
         assist=False,
-    )
-    settings = ControlPlaneSettings(
-        background_pump=True, scale_out_enabled=False, control_plane_id="bench-cp"
     )
     return RuntimeHost(redis, config, instances=INSTANCES), ControlPlane(redis, settings)
 
@@ -256,7 +265,7 @@ class _Driven:
 
 
 async def _drive(
-    redis: Redis, host: RuntimeHost, cp: ControlPlane, scenario: str, args: _Load
+    redis: Redis, host: Runtimes, cp: ControlPlane, scenario: str, args: _Load
 ) -> _Driven:
     """Start runtimes and pump, submit the runs as the scenario says."""
     if scenario == "backlog":
@@ -325,13 +334,20 @@ def _result(
 
 
 async def run_scenario(
-    url: str, scenario: str, runs: int, submitters: int, rate: float, *, tenants: int = 1
+    url: str,
+    scenario: str,
+    runs: int,
+    submitters: int,
+    rate: float,
+    *,
+    tenants: int = 1,
+    runtime_process: bool = False,
 ) -> Result:
     # Three instances and a control plane share this client; deployed, each is its own
     # process with its own pool of 100 connections, so the pool here is that large.
     redis = connect(url, max_connections=100 * (INSTANCES + 1))
     await redis.flushdb()
-    host, cp = _stack(redis, runs)
+    host, cp = _stack(redis, runs, url, runtime_process)
     offset = await _clock_offset_ms(redis)
     try:
         driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate, tenants))
@@ -376,11 +392,15 @@ def _ratios(results: list[Result], celery: float | None) -> dict[str, float]:
     }
 
 
-def _sweep(url: str, sizes: list[int], submitters: int) -> list[dict[str, float]]:
+def _sweep(
+    url: str, sizes: list[int], submitters: int, runtime_process: bool
+) -> list[dict[str, float]]:
     rows: list[dict[str, float]] = []
     for n in sizes:
         log(f"dispatch sweep: backlog of {n} runs ...")
-        r = asyncio.run(run_scenario(url, "backlog", n, submitters, 1.0))
+        r = asyncio.run(
+            run_scenario(url, "backlog", n, submitters, 1.0, runtime_process=runtime_process)
+        )
         ms = round(1000 / r.completed_runs_per_s, 3)
         rows.append({"runs": n, "completed_runs_per_s": r.completed_runs_per_s, "ms_per_run": ms})
     for row in rows:
@@ -423,6 +443,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=float, default=200.0, help="runs/s of the paced scenario")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
+    parser.add_argument(
+        "--runtime-process",
+        action="store_true",
+        help="run the 3 instances in one `airt runtime` child process (redis provider), "
+        "as deployed, instead of in the benchmark's process",
+    )
     parser.add_argument(
         "--sweep", type=int, nargs="*", default=None, help="backlog sizes (e.g. 1000 10000 100000)"
     )
@@ -481,14 +507,27 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in args.scenarios:
             log(f"dispatch {scenario}: {args.runs} runs over {INSTANCES} instances ...")
             results.append(
-                asyncio.run(run_scenario(url, scenario, args.runs, args.submitters, args.rate))
+                asyncio.run(
+                    run_scenario(
+                        url,
+                        scenario,
+                        args.runs,
+                        args.submitters,
+                        args.rate,
+                        runtime_process=args.runtime_process,
+                    )
+                )
             )
         if not args.no_celery:
             from benchmarks.celery_jobs import celery_jobs_per_s
 
             log(f"celery: {args.runs} no-op jobs, each result awaited ...")
             celery = celery_jobs_per_s(url, args.runs, args.submitters)
-        sweep = _sweep(url, sorted(args.sweep), args.submitters) if args.sweep else []
+        sweep = (
+            _sweep(url, sorted(args.sweep), args.submitters, args.runtime_process)
+            if args.sweep
+            else []
+        )
     report = Report(results, celery, _ratios(results, celery), sweep, [])
     report.failures = _failures(report, args.quick)
     if args.json:
