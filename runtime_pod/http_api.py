@@ -26,10 +26,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from airuntime.core.transient import TRANSIENT_ERRORS
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
 from runtime_pod.intake import REFUSAL_HTTP_STATUS, RunRefused
 from runtime_pod.settings_store import SettingsError
-from runtime_pod.transient import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from runtime_pod.host import RuntimeHost

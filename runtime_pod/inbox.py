@@ -31,9 +31,9 @@ from redis.exceptions import ResponseError
 from airuntime.core import keys
 from airuntime.core.slots import ensure_transaction_slot
 from airuntime.core.supervision import LoopContext
+from airuntime.core.transient import TRANSIENT_ERRORS
 from airuntime.fleet.blocking import block_slice_s, unless_unblocked
 from runtime_pod.intake import RunRefused
-from runtime_pod.transient import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance

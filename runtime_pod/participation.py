@@ -8,7 +8,7 @@ execution is terminal, records the run's end: its step-slot evidence goes into t
 execution's ledger and into the run record, and the run is marked finished together
 with its :class:`~airuntime.fleet.outcomes.RunOutcome` (``finishRun-6.lua``). Every one
 of these steps is idempotent, so a transient Redis failure is waited out and the step
-repeated (:mod:`runtime_pod.transient`) instead of ending the participation; a run is
+repeated (:mod:`airuntime.core.transient`) instead of ending the participation; a run is
 never left "running" because Redis was away for a moment.
 
 A helper (assistance) only lends workers to the execution and gives its evidence to
@@ -28,6 +28,8 @@ from airuntime.core import keys
 from airuntime.core.context import use_context
 from airuntime.core.errors import AirError
 from airuntime.core.scripts import ScriptCall
+from airuntime.core.supervision import Backoff
+from airuntime.core.transient import TRANSIENT_ERRORS, retry_transient
 from airuntime.engine.execution_store import merged_inputs
 from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
 from airuntime.engine.status import ExecutionStatus
@@ -35,7 +37,6 @@ from airuntime.engine.store_results import ClaimBatch
 from airuntime.engine.worker_pool import KnownExecution
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
 from airuntime.fleet.tenancy import TenantSettings
-from runtime_pod.transient import TRANSIENT_ERRORS, retry_transient
 
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance
@@ -48,6 +49,10 @@ T = TypeVar("T")
 
 PARTICIPATION_LOOP = "participation"
 """The ``loop`` label under which participations count the Redis failures they waited out."""
+
+RETRY_BACKOFF = Backoff(initial=0.05, maximum=2.0)
+"""Between two attempts through an outage: bounded (and jittered), so a participation
+notices Redis back within ~2 s."""
 
 _TERMINAL_TO_RUN = {
     ExecutionStatus.SUCCEEDED: RunStatus.COMPLETED,
@@ -299,10 +304,14 @@ class Participation:
         await self.inst.store.record_event(self.execution_id, "step_slots", fields)
 
     async def _retry(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt`` (idempotent) until Redis answers: the participation keeps the
+        run's place, workers and evidence through an outage, and only an engine refusal
+        or a bug ends the run."""
         return await retry_transient(
-            f"{self.inst.instance_id}: run {self.record.run_id}: {what}",
             attempt,
-            on_retry=self._count,
+            what=f"{self.inst.instance_id}: run {self.record.run_id}: {what}",
+            backoff=RETRY_BACKOFF,
+            on_error=self._count,
         )
 
     def _count(self, exc: BaseException) -> None:

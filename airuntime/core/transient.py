@@ -70,7 +70,7 @@ async def retry_transient(
     failures = 0
     while True:
         try:
-            return await call()
+            result = await call()
         except TRANSIENT_ERRORS as exc:
             raise_if_cancelling()  # a stop that surfaced as a connection error
             failures += 1
@@ -83,3 +83,7 @@ async def retry_transient(
             level = logging.WARNING if failures == 1 else logging.DEBUG
             log.log(level, "%s failed (%s); retrying in %.2f s", what, exc, delay)
             await asyncio.sleep(delay)
+            continue
+        if failures:
+            log.warning("%s: Redis back after %d failed attempts", what, failures)
+        return result

@@ -46,6 +46,25 @@ async def test_transient_errors_are_retried_until_the_call_succeeds() -> None:
     assert result == "done" and call.calls == 5 and len(seen) == 4
 
 
+async def test_cluster_errors_are_waited_out_and_the_recovery_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The runtime's participations use this loop too (they had their own, which did
+    not know the cluster's errors and failed a run during a failover)."""
+    call = Flaky(
+        [
+            redis_errors.ClusterDownError("CLUSTERDOWN"),
+            redis_errors.TryAgainError("TRYAGAIN"),
+            redis_errors.SlotNotCoveredError("slot"),
+        ]
+    )
+    with caplog.at_level("WARNING", logger="airuntime.core.transient"):
+        assert await retry_transient(call, what="run r-1: finishing", backoff=FAST) == "done"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("run r-1: finishing failed (CLUSTERDOWN)")
+    assert lines[-1] == "run r-1: finishing: Redis back after 3 failed attempts"
+
+
 async def test_other_errors_propagate_at_once() -> None:
     call = Flaky([redis_errors.ResponseError("WRONGTYPE"), redis_errors.ConnectionError("x")])
     with pytest.raises(redis_errors.ResponseError):
