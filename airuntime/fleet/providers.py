@@ -197,7 +197,10 @@ class RedisProvider:
         deadline = time.monotonic() + self.timeout_s
         while waiting and time.monotonic() < deadline:
             for raw in await self._replies(reply_to, waiting, deadline - time.monotonic()):
-                body = json.loads(raw)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    continue  # not an answer (an instance writes JSON objects only)
                 at = _reply_index(body, len(requests))
                 if at is None or out[at] is not None:
                     continue  # not one of ours, or answered again after a restart
@@ -206,10 +209,8 @@ class RedisProvider:
                 except DeliveryError as exc:
                     out[at] = exc
                 waiting -= 1
-        timeout = DeliveryError(
-            f"Runtime instance {iid} did not answer in {self.timeout_s} s.", reason="timeout"
-        )
-        return [timeout if o is None else o for o in out]
+        late = f"Runtime instance {iid} did not answer in {self.timeout_s} s."
+        return [DeliveryError(late, reason="timeout") if o is None else o for o in out]
 
     async def _replies(self, reply_to: str, most: int, left: float) -> list[Any]:
         """The answers waiting on ``reply_to`` (at most ``most``), blocking up to

@@ -89,7 +89,7 @@ async def test_answers_are_matched_by_reply_id_and_strays_are_ignored(
         assert {f["reply_to"] for f in fields} == {reply_to}, "one reply list for the batch"
         sent = [RunRequest.model_validate_json(f["request"]) for f in fields]
         assert [s.shared_run_id for s in sent] == [r.shared_run_id for r in reqs]
-        values = [json.dumps({"reply_id": "7", "run_id": "stray"})]
+        values = [json.dumps({"reply_id": "7", "run_id": "stray"}), "not json"]
         values += [
             json.dumps({"reply_id": f["reply_id"], "run_id": f"run-{f['reply_id']}"})
             for f in reversed(fields)
