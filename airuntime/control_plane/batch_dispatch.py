@@ -48,7 +48,6 @@ from airuntime.fleet.runs import RunRequest
 
 __all__ = ["dispatch_batch"]
 
-_QUEUED = frozenset({SharedRunStatus.QUEUED_GLOBALLY})
 NOT_TRIED = "released untried: no capacity for its tenant in this batch"
 
 Claimed = tuple[ClaimedItem, SharedRun]
@@ -223,13 +222,12 @@ async def _accepted(
         else:
             record.append((p, run_id))
     now = int(time.time() * 1000)
-    await d.runs.transition_many(
+    # From QueuedGlobally; a run whose outcome already ended it keeps its end.
+    await d.runs.record_dispatched(
         [
             (run.shared_run_id, d.dispatched_changes(iid, run_id, now))
             for (_, run, _), run_id in record
-        ],
-        SharedRunStatus.DISPATCHED,
-        expect=_QUEUED,
+        ]
     )
     for (_, run, _), run_id in record:
         results.append(

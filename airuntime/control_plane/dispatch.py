@@ -298,12 +298,9 @@ class SharedRunDispatcher:
         ):
             return await self.cancelled_in_flight(run, admitted, run_id)
         now = int(time.time() * 1000)
-        # From QueuedGlobally only: the runtime's outcome may have ended the run already.
-        await self.runs.transition(
-            run.shared_run_id,
-            SharedRunStatus.DISPATCHED,
-            expect=_QUEUED,
-            **self.dispatched_changes(instance_id, run_id, now),
+        # From QueuedGlobally; a run whose outcome already ended it keeps its end.
+        await self.runs.record_dispatched(
+            [(run.shared_run_id, self.dispatched_changes(instance_id, run_id, now))]
         )
         if not settled:
             log.warning(

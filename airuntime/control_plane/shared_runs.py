@@ -27,7 +27,7 @@ import builtins
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -325,12 +325,43 @@ class SharedRunStore:
     ) -> builtins.list[Transition | None]:
         """:meth:`transition` of many runs to ``status`` (each with its own changes) in
         one transaction; None for a run that does not exist."""
-        ids = [srid for srid, _ in moves]
+        return await self._update_many(
+            [srid for srid, _ in moves],
+            lambda i, run: _moved(run, status, expect, moves[i][1]),
+        )
+
+    async def record_dispatched(
+        self, moves: builtins.list[tuple[str, dict[str, Any]]]
+    ) -> builtins.list[Transition | None]:
+        """Record that a runtime accepted these runs, in one transaction: a run still
+        QueuedGlobally moves to Dispatched with its changes (``run_id``, the instance,
+        the pump's identity); a run whose runtime already reported its end (the outcome
+        reader can win the race with the pump) keeps its terminal status and reason but
+        gains the dispatch fields, so the record says who dispatched it whichever write
+        landed first. Any other status (cancelled while queued, another RunId) is left
+        as it is. None for a run that does not exist."""
+
+        def apply(i: int, run: SharedRun) -> SharedRun | None:
+            changes = moves[i][1]
+            if run.status is SharedRunStatus.QUEUED_GLOBALLY:
+                return _moved(run, SharedRunStatus.DISPATCHED, None, changes)
+            if run.status.terminal and run.run_id == changes.get("run_id"):
+                kept = {k: v for k, v in changes.items() if k != "reason"}
+                return run.model_copy(update={**kept, "updated_at_ms": _now()})
+            return None
+
+        return await self._update_many([srid for srid, _ in moves], apply)
+
+    async def _update_many(
+        self, ids: builtins.list[str], apply: Callable[[int, SharedRun], SharedRun | None]
+    ) -> builtins.list[Transition | None]:
+        """``apply(i, record)`` to the records of ``ids`` in one transaction (index
+        upkeep included); each run's :class:`Transition`, None where it does not exist."""
         records = await update_records(
             self.redis,
             [keys.shared_run(srid) for srid in ids],
             SharedRun,
-            lambda i, run: _moved(run, status, expect, moves[i][1]),
+            apply,
             also=_index_terminal,
         )
         missing = [srid for srid, pair in zip(ids, records, strict=True) if pair is None]

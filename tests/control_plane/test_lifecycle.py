@@ -331,3 +331,52 @@ async def _reads_nothing(ctx: LoopContext) -> None:
     """An outcome reader that reports healthy and never reads (until cancelled)."""
     ctx.ok()
     await asyncio.Event().wait()
+
+
+async def test_the_pumps_record_after_the_outcome_keeps_the_end_and_names_the_pump(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    """The outcome reader can end a run before the pump records its dispatch (the
+    runtime finished first). The pump's record then keeps the end (status, reason) and
+    adds who dispatched it; a run cancelled while queued, or ended under another RunId,
+    is left as it is, and a run still queued moves to Dispatched."""
+    won, cancelled, other, queued = [await cp.submit(TINY_PIPELINE, snap()) for _ in range(4)]
+    reader = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)
+    await reader.ensure_group()
+    for run in (won, other):
+        ran = run.model_copy(update={"run_id": f"run-{run.shared_run_id[3:]}"})
+        await _write(redis, _outcome(ran, RunStatus.FAILED))
+    assert await reader.read_new() == 2
+    await cp.runs.transition(cancelled.shared_run_id, SharedRunStatus.CANCELLED)
+    await redis.delete(keys.shared_run_archive_outbox())
+
+    def changes(run: SharedRun, run_id: str | None = None) -> dict[str, Any]:
+        rid = run_id or f"run-{run.shared_run_id[3:]}"
+        return cp.dispatcher.dispatched_changes("runtime-instance-1", rid, 1234)
+
+    recorded = await cp.runs.record_dispatched(
+        [
+            (won.shared_run_id, changes(won)),
+            (cancelled.shared_run_id, changes(cancelled)),
+            (other.shared_run_id, changes(other, "run-another")),
+            (queued.shared_run_id, changes(queued)),
+        ]
+    )
+    assert [r is not None and r.moved for r in recorded] == [False, False, False, True]
+
+    ended = await cp.runs.require(won.shared_run_id)
+    assert ended.status is SharedRunStatus.FAILED and ended.reason == "step a failed"
+    assert ended.execution_id == "ex-1" and ended.finished_at_ms is not None
+    assert ended.assigned_instance_id == "runtime-instance-1"
+    assert ended.dispatched_at_ms == 1234
+    assert ended.pump_worker_id == cp.dispatcher.identity.worker_id
+    assert ended.pump_worker_id is not None
+    outbox = await redis.zrange(keys.shared_run_archive_outbox(), 0, -1)
+    assert outbox == [won.shared_run_id.encode()], "the archive upserts the fuller record"
+
+    untouched = await cp.runs.require(cancelled.shared_run_id)
+    assert untouched.status is SharedRunStatus.CANCELLED and untouched.pump_worker_id is None
+    elsewhere = await cp.runs.require(other.shared_run_id)
+    assert elsewhere.status is SharedRunStatus.FAILED and elsewhere.pump_worker_id is None
+    moved = await cp.runs.require(queued.shared_run_id)
+    assert moved.status is SharedRunStatus.DISPATCHED and moved.dispatched_at_ms == 1234
