@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from airuntime.core import keys
+from airuntime.core.errors import AirError
 from airuntime.core.slots import ensure_transaction_slot
 from airuntime.core.supervision import LoopContext
 from airuntime.core.transient import TRANSIENT_ERRORS
@@ -51,6 +52,11 @@ _BLOCK_S = 1.0
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _refusal(exc: AirError) -> dict[str, Any]:
+    """The answer that refuses a request (the provider raises it as a DeliveryError)."""
+    return {"error": str(exc), "reason": exc.reason if isinstance(exc, RunRefused) else "refused"}
 
 
 class Inbox:
@@ -193,12 +199,7 @@ class Inbox:
             {"error": "run request: not a JSON object", "reason": "invalid"} for _ in raws
         ]
         for i, answer in zip(valid, accepted, strict=True):
-            if isinstance(answer, RunRefused):
-                out[i] = {"error": str(answer), "reason": answer.reason}
-            elif isinstance(answer, str):
-                out[i] = {"run_id": answer}
-            else:
-                out[i] = {"error": str(answer), "reason": "refused"}
+            out[i] = {"run_id": answer} if isinstance(answer, str) else _refusal(answer)
         return out
 
     async def _handle(self, entry_id: Any, fields: Any) -> None:
@@ -230,7 +231,7 @@ class Inbox:
             # (e.g. "run request snapshot: Field required").
             return {"run_id": await self.inst.accept(body)}
         except RunRefused as exc:
-            return {"error": str(exc), "reason": exc.reason}
+            return _refusal(exc)
         except TRANSIENT_ERRORS:
             raise  # unanswered and unacknowledged: re-read after the restart
         except Exception as exc:  # a request that breaks accept() must not block the inbox

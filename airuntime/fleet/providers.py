@@ -18,8 +18,9 @@ A pump delivers its batch per instance (:meth:`RuntimeProvider.deliver_many`): t
 ``local`` provider hands the instance all N runs in one call (``accept_many``: one
 round trip of acceptance scripts); ``redis`` adds the N entries in one pipeline with
 one reply list for the batch (each entry names its ``reply_id``, echoed in its answer,
-so answers are matched whatever order they come in) and the instance answers the
-entries it read together with one push; ``http`` sends the N deliveries concurrently.
+so answers are matched whatever order they come in; a single delivery is a batch of
+one) and the instance answers the entries it read together with one push; ``http``
+sends the N deliveries concurrently.
 Each answer is a RunId or the :class:`DeliveryError` of that run alone.
 """
 
@@ -142,34 +143,25 @@ class RedisProvider:
         self.timeout_s = timeout_s
 
     async def deliver(self, instance: InstanceDescriptor, request: RunRequest) -> str:
-        reply_to = keys.reply_list(uuid.uuid4().hex)
-        added = await self.redis.xadd(
-            keys.instance_inbox(instance.instance_id),
-            {"request": request.model_dump_json(), "reply_to": reply_to},
-            maxlen=INBOX_MAXLEN,
-            approximate=True,
-            nomkstream=True,
-        )
-        if added is None:
-            raise DeliveryError(
-                f"Runtime instance {instance.instance_id} has no inbox (it is not running).",
-                reason="unreachable",
-            )
-        got = await self._reply(reply_to)
-        if got is None:
-            raise DeliveryError(
-                f"Runtime instance {instance.instance_id} did not answer in {self.timeout_s} s.",
-                reason="timeout",
-            )
-        return _parse_reply(instance.instance_id, json.loads(got))
+        answer = (await self._send(instance, [request]))[0]
+        if isinstance(answer, DeliveryError):
+            raise answer
+        return answer
 
     async def deliver_many(
         self, instance: InstanceDescriptor, requests: list[RunRequest]
     ) -> list[Delivered]:
+        try:
+            return await self._send(instance, requests)
+        except (OSError, RedisError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            return [DeliveryError(why, reason="unreachable") for _ in requests]
+
+    async def _send(
+        self, instance: InstanceDescriptor, requests: list[RunRequest]
+    ) -> list[Delivered]:
         """The N requests as N inbox entries added in one round trip, answered on one
         reply list; a request with no answer by ``timeout_s`` fails alone (timeout)."""
-        if len(requests) == 1:
-            return await deliver_each(self, instance, requests)
         iid = instance.instance_id
         reply_to = keys.reply_list(uuid.uuid4().hex)
         pipe = self.redis.pipeline(transaction=False)
@@ -181,13 +173,8 @@ class RedisProvider:
                 approximate=True,
                 nomkstream=True,
             )
-        try:
-            added = await pipe.execute()
-        except (OSError, RedisError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            return [DeliveryError(why, reason="unreachable") for _ in requests]
         out: list[Delivered | None] = [None] * len(requests)
-        for i, entry_id in enumerate(added):
+        for i, entry_id in enumerate(await pipe.execute()):
             if entry_id is None:
                 out[i] = DeliveryError(
                     f"Runtime instance {iid} has no inbox (it is not running).",
@@ -214,7 +201,8 @@ class RedisProvider:
 
     async def _replies(self, reply_to: str, most: int, left: float) -> list[Any]:
         """The answers waiting on ``reply_to`` (at most ``most``), blocking up to
-        ``left`` seconds for the first one."""
+        ``left`` seconds (in slices the connection's socket timeout allows) for the
+        first one."""
         if left <= 0:
             return []
         got: Any = await unless_unblocked(
@@ -225,18 +213,6 @@ class RedisProvider:
             return []
         more: Any = await self.redis.lpop(reply_to, most - 1) if most > 1 else None
         return [got[1], *(more or [])]
-
-    async def _reply(self, reply_to: str) -> Any:
-        """BLPOP in slices the connection's socket timeout allows, until ``timeout_s``."""
-        deadline = time.monotonic() + self.timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            got: Any = await unless_unblocked(
-                lambda: self.redis.blpop([reply_to], timeout=block_slice_s(self.redis, left)),
-                f"reply wait on {reply_to}",
-            )
-            if got is not None:
-                return got[1]
-        return None
 
 
 class HttpProvider:
