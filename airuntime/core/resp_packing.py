@@ -34,6 +34,12 @@ class HiredisPacking:
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
             args = (*args[0].split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:
+            pass
+        # Rare: hiredis takes bytes, str, int and float; redis-py also bytearray and
+        # memoryview. Converting only here keeps the common call one C call.
         args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
         try:
             return [hiredis.pack_command(args)]
