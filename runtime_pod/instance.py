@@ -42,6 +42,7 @@ from airuntime.core.tasks import cancel_and_wait
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.payloads import PayloadOffload
+from airuntime.engine.pipeline import PlanCache
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.fleet.instance_settings import InstanceConfig
 from airuntime.fleet.registry import (
@@ -124,6 +125,7 @@ class RuntimeInstance:
         self.instance_id = instance_id
         self.endpoint = endpoint
         self.handlers = handlers
+        self.plans = PlanCache(handlers)
         self.slots = slots or StepSlotController(config.max_concurrent_step_tasks)
         self.hooks = hooks or InstanceHooks()
         self.store = ExecutionStore(redis)

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from airuntime.core.errors import AirError
 from airuntime.core.validation import format_validation_error
-from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.pipeline import PipelineError
 from airuntime.fleet.run_index import QueueFull, SharedRunConflict
 from airuntime.fleet.runs import RunRequest
 from airuntime.fleet.tenancy import TenantSettings
@@ -168,11 +168,7 @@ def _check_compiles(
     key = tenant.tenant_id + "\0" + json.dumps(request.pipeline, sort_keys=True, default=str)
     if key not in seen:
         try:
-            compile_pipeline(
-                parse_pipeline(request.pipeline),
-                inst.handlers,
-                allowed_handlers=tenant.allowed_handlers,
-            )
+            inst.plans.compile(request.pipeline, allowed_handlers=tenant.allowed_handlers)
             seen[key] = None
         except PipelineError as exc:
             seen[key] = RunRefused(f"run request pipeline: {exc}", reason="invalid")

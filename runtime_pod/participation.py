@@ -31,7 +31,7 @@ from airuntime.core.scripts import ScriptCall
 from airuntime.core.supervision import Backoff
 from airuntime.core.transient import TRANSIENT_ERRORS, retry_transient
 from airuntime.engine.execution_store import merged_inputs
-from airuntime.engine.pipeline import PipelineError, Plan, compile_pipeline, parse_pipeline
+from airuntime.engine.pipeline import PipelineError, Plan
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.store_results import ClaimBatch
 from airuntime.engine.worker_pool import KnownExecution
@@ -214,10 +214,8 @@ class Participation:
                 lambda: self.inst.registry.tenant(self.record.tenant_id),
             )
         try:
-            return compile_pipeline(
-                parse_pipeline(self.request.pipeline),
-                self.inst.handlers,
-                allowed_handlers=tenant.allowed_handlers,
+            return self.inst.plans.compile(
+                self.request.pipeline, allowed_handlers=tenant.allowed_handlers
             )
         except PipelineError as exc:
             # A helper that cannot run this pipeline (e.g. lacks a handler) just does

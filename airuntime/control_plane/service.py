@@ -72,7 +72,7 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
-from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.pipeline import PipelineError, PlanCache
 from airuntime.fleet.discovery import publish_control_plane
 from airuntime.fleet.providers import LocalProvider, RuntimeProvider
 from airuntime.fleet.registry import InstanceDescriptor, Registry
@@ -154,6 +154,7 @@ class ControlPlane:
         self.settings = s = settings or ControlPlaneSettings()
         self.local = local or LocalProvider()
         self.handlers = handlers
+        self.plans = PlanCache(handlers)
         self.runs = SharedRunStore(redis)
         self.queue = SharedQueue(redis, claim_lease_ms=s.claim_lease_ms)
         self.registry = Registry(redis)
@@ -292,15 +293,14 @@ class ControlPlane:
         first (:class:`PipelineRefused` names the step and the handler)."""
         tenant = await self.registry.tenant(snapshot.tenant_id)
         try:
-            spec = parse_pipeline(pipeline)
-            compile_pipeline(spec, self.handlers, allowed_handlers=tenant.allowed_handlers)
+            plan = self.plans.compile(pipeline, allowed_handlers=tenant.allowed_handlers)
         except PipelineError as exc:
             raise _refusal(exc, pipeline) from None
         now = int(time.time() * 1000)
         run = SharedRun(
             shared_run_id=SharedRunStore.new_id(),
             status=SharedRunStatus.QUEUED_GLOBALLY,
-            pipeline_id=spec.id,
+            pipeline_id=plan.pipeline_id,
             pipeline=pipeline,
             inputs=inputs or {},
             snapshot=snapshot,

@@ -8,8 +8,8 @@ checked statically -- handler names, ids, dependencies, references between steps
 sizes (:mod:`.checks`) -- before anything is written to Redis, and compiles the result
 (:mod:`.compile`) into a :class:`Plan` (:mod:`.plan`): plain frozen dataclasses in a
 deterministic topological order, serialisable to canonical JSON so that workers in other
-processes rebuild exactly the same plan (and can compare digests). :mod:`.builder` writes
-pipelines in Python.
+processes rebuild exactly the same plan (and can compare digests). :mod:`.plan_cache`
+keeps one plan per document for its many runs; :mod:`.builder` writes pipelines in Python.
 
 Every problem is reported as a :class:`PipelineError` whose lines read
 ``<location>: <what is wrong> (value=...)``, all problems at once where practical.
@@ -19,6 +19,7 @@ from airuntime.engine.pipeline.builder import Pipeline, StepRef
 from airuntime.engine.pipeline.compile import compile_pipeline, load_plan
 from airuntime.engine.pipeline.loading import load_pipeline, parse_pipeline
 from airuntime.engine.pipeline.plan import PLAN_FORMAT, Plan, PlanStep, ResolvedThrottle
+from airuntime.engine.pipeline.plan_cache import PlanCache
 from airuntime.engine.pipeline.problems import PipelineError, Problem
 from airuntime.engine.pipeline.spec import (
     DEFAULT_LIMITS,
@@ -43,6 +44,7 @@ __all__ = [
     "PipelineLimits",
     "PipelineSpec",
     "Plan",
+    "PlanCache",
     "PlanStep",
     "Problem",
     "ResolvedThrottle",

@@ -144,6 +144,11 @@ class Plan:
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace); :meth:`from_json` rebuilds the plan."""
+        return self._json
+
+    @functools.cached_property
+    def _json(self) -> str:
+        # Once per plan: a plan is immutable and one may serve many runs (PlanCache).
         return json.dumps(
             self.to_dict(),
             sort_keys=True,
