@@ -8,7 +8,8 @@ first line naming the airuntime version, so two releases sharing one Redis never
 each other's code (their SHAs differ). A server that lost its script cache answers
 NOSCRIPT; the script is loaded again and the call retried once. :meth:`ScriptLibrary.call_many`
 sends many calls of one script in one round trip (a pipeline, each call still atomic on
-its own), which is how the dispatch path batches per-run scripts;
+its own), which is how the dispatch path batches per-run scripts (:meth:`ScriptLibrary.call_mixed`
+of any scripts; :mod:`airuntime.core.script_batching` coalesces lone calls into it);
 :meth:`ScriptLibrary.call_in_order` sends calls of different scripts that must run in
 a given order (one round trip on a standalone server, one call after the other on a
 cluster, where a pipeline to several nodes keeps no order).
@@ -105,7 +106,8 @@ class ScriptLibrary:
         except KeyError:
             raise ScriptError(f"No Lua script named {name!r}.") from None
 
-    def _checked(self, name: str, keys: Sequence[KeyArg]) -> LuaScript:
+    def checked(self, name: str, keys: Sequence[KeyArg]) -> LuaScript:
+        """The script ``name`` after checking a call's keys: their count, one hash slot."""
         script = self[name]
         if len(keys) != script.num_keys:
             raise ScriptError(
@@ -117,7 +119,7 @@ class ScriptLibrary:
     async def call(
         self, redis: RedisClient, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
     ) -> Any:
-        script = self._checked(name, keys)
+        script = self.checked(name, keys)
         try:
             return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
         except NoScriptError:
@@ -130,17 +132,28 @@ class ScriptLibrary:
         """One reply per ``(keys, args)`` call of script ``name``, all sent in one round
         trip (no MULTI: each call is atomic on its own, as with :meth:`call`). A reply that
         is an error is returned as the exception, not raised."""
+        return await self.call_mixed(redis, [(name, keys, args) for keys, args in calls])
+
+    async def call_mixed(
+        self, redis: RedisClient, calls: Sequence[tuple[str, Sequence[KeyArg], Sequence[Arg]]]
+    ) -> list[Any]:
+        """:meth:`call_many` of ``(name, keys, args)`` calls of any scripts. After a
+        script-cache loss only the calls the server refused are sent again (the others
+        ran), once every script is loaded."""
         if not calls:
             return []
-        script = self[name]
-        for keys, _ in calls:
-            self._checked(name, keys)
-        replies = await self._pipelined(redis, script, calls)
+        scripts = [self.checked(name, keys) for name, keys, _ in calls]
+        sent = [
+            (script, keys, args) for script, (_, keys, args) in zip(scripts, calls, strict=True)
+        ]
+        replies = await self._pipelined(redis, sent)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            # Only the calls the server refused are sent again: the others ran.
-            await redis.script_load(script.source)
-            again = await self._pipelined(redis, script, [calls[i] for i in missing])
+            if len({sent[i][0].name for i in missing}) == 1:
+                await redis.script_load(sent[missing[0]][0].source)
+            else:
+                await self.load_all(redis)
+            again = await self._pipelined(redis, [sent[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
         return replies
@@ -167,7 +180,7 @@ class ScriptLibrary:
             replies = [await self._reply_of(redis, c) for c in calls]
             replies += [await _reply_of_command(redis, command) for command in then]
             return _raise_first_error(replies)
-        scripts = [self._checked(c.name, c.keys) for c in calls]
+        scripts = [self.checked(c.name, c.keys) for c in calls]
         pipe = redis.pipeline(transaction=False)
         for script, c in zip(scripts, calls, strict=True):
             pipe.execute_command("EVALSHA", script.sha, script.num_keys, *c.keys, *c.args)
@@ -204,13 +217,12 @@ class ScriptLibrary:
     @staticmethod
     async def _pipelined(
         redis: RedisClient,
-        script: LuaScript,
-        calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]],
+        calls: Sequence[tuple[LuaScript, Sequence[KeyArg], Sequence[Arg]]],
     ) -> list[Any]:
         pipe = redis.pipeline(transaction=False)
-        for keys, args in calls:
+        for script, keys, args in calls:
             # execute_command: redis-py's cluster pipeline blocks its evalsha() method
-            # (it cannot reload scripts); NOSCRIPT is handled by call_many, and the
+            # (it cannot reload scripts); NOSCRIPT is handled by call_mixed, and the
             # cluster pipeline routes EVALSHA by its first key like any keyed command.
             pipe.execute_command("EVALSHA", script.sha, script.num_keys, *keys, *args)
         return list(await pipe.execute(raise_on_error=False))

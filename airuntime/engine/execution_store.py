@@ -19,6 +19,7 @@ from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, Script
 from airuntime.core.execution_layout import buckets_for, check_layout
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
+from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
@@ -159,6 +160,8 @@ class ExecutionStore:
     def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
         self.redis = redis
         self.scripts = scripts or library()
+        self.calls = ScriptBatcher(redis, self.scripts)
+        """The store's script calls, those of concurrent executions sent together."""
         self.buckets = buckets_for(redis)
         """Execution buckets of the layout (1 standalone; :mod:`airuntime.core.keys`)."""
         self._layout_checked = False
@@ -169,7 +172,7 @@ class ExecutionStore:
 
     async def _call(self, name: str, execution_id: str, args: Sequence[Any]) -> Any:
         script_keys = self.keys_of(execution_id).for_script(self.scripts[name].num_keys)
-        reply = await self.scripts.call(self.redis, name, script_keys, args)
+        reply = await self.calls.call(name, script_keys, args)
         if (
             isinstance(reply, list)
             and reply

@@ -81,7 +81,7 @@ def test_the_guard_is_off_without_the_variable(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(SLOT_CHECK_ENV, "0")
     pipe_keys = ["air:{a}:x", "air:{b}:y"]
     assert not slot_check_enabled()
-    library()._checked("publishInstance", pipe_keys)  # not refused: the check is off
+    library().checked("publishInstance", pipe_keys)  # not refused: the check is off
 
 
 def test_execution_scripts_are_checked_in_the_bucket_layout_only() -> None:
@@ -91,10 +91,10 @@ def test_execution_scripts_are_checked_in_the_bucket_layout_only() -> None:
     lib = library()
     standalone = ExecutionKeys("ex-1").for_script(23)
     assert len(slots_of(standalone)) > 1
-    lib._checked("completeSteps", standalone)  # exempt: a standalone server's layout
+    lib.checked("completeSteps", standalone)  # exempt: a standalone server's layout
     clustered = ExecutionKeys("ex-1", buckets=CLUSTER_EXECUTION_BUCKETS).for_script(23)
-    lib._checked("completeSteps", clustered)  # one slot
+    lib.checked("completeSteps", clustered)  # one slot
     other = ExecutionKeys("ex-2", buckets=CLUSTER_EXECUTION_BUCKETS)
     assert other.bucket != ExecutionKeys("ex-1", buckets=CLUSTER_EXECUTION_BUCKETS).bucket
     with pytest.raises(ScriptError, match="completeSteps"):
-        lib._checked("completeSteps", [*clustered[:-1], other.for_script(23)[-1]])
+        lib.checked("completeSteps", [*clustered[:-1], other.for_script(23)[-1]])
