@@ -6,8 +6,9 @@ runtime appends a :class:`~airuntime.fleet.outcomes.RunOutcome` to its run bucke
 outcome stream (``air:{air}:run-outcomes`` on a standalone server, one stream per run
 bucket on a cluster) atomically with the run's terminal record; :class:`OutcomeReader`
 (a supervised loop) reads those streams with a consumer group, ends the shared run
-(:func:`end_shared_run`: Succeeded / Failed / Cancelled, a compare-and-set, idempotent)
-and only then acknowledges the entry. After a restart it first re-reads the entries it had read but
+(:func:`end_shared_run`: Succeeded / Failed / Cancelled, a compare-and-set, idempotent;
+the entries of one read in one transaction, :func:`end_shared_runs`) and only then
+acknowledges them. After a restart it first re-reads the entries it had read but
 not acknowledged, and it takes over entries another control plane left unacknowledged
 for a while (XAUTOCLAIM), so a crash between reading and acknowledging loses nothing.
 An outcome that was never written or never seen is the reconciler's
@@ -22,7 +23,12 @@ from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
-from airuntime.control_plane.shared_runs import SharedRunStatus, SharedRunStore, Transition
+from airuntime.control_plane.shared_runs import (
+    SharedRun,
+    SharedRunStatus,
+    SharedRunStore,
+    Transition,
+)
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.run_layout import run_buckets_for
@@ -31,7 +37,7 @@ from airuntime.fleet.blocking import unless_unblocked
 from airuntime.fleet.outcomes import RunOutcome
 from airuntime.fleet.runs import RunRecord, RunStatus
 
-__all__ = ["OUTCOME_GROUP", "OutcomeReader", "end_shared_run", "outcome_of"]
+__all__ = ["OUTCOME_GROUP", "OutcomeReader", "end_shared_run", "end_shared_runs", "outcome_of"]
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +75,38 @@ async def end_shared_run(runs: SharedRunStore, outcome: RunOutcome) -> Transitio
 
     Idempotent: a shared run that already ended stays as it ended (``moved`` False).
     """
-    status = SHARED_STATUS.get(outcome.status)
-    run = await runs.get(outcome.shared_run_id)
-    if status is None or run is None:
-        return None
-    if run.snapshot.tenant_id != outcome.tenant_id or run.run_id not in (None, outcome.run_id):
+    return (await end_shared_runs(runs, [outcome]))[0]
+
+
+async def end_shared_runs(
+    runs: SharedRunStore, outcomes: list[RunOutcome]
+) -> list[Transition | None]:
+    """:func:`end_shared_run` of each outcome, all in one transaction. The outcome must
+    be the run's as the transaction reads the record (its tenant, its RunId or none
+    yet), so a run given to another RunId meanwhile is not ended by a stale outcome."""
+    foreign: dict[int, SharedRun] = {}
+
+    def decide(i: int, run: SharedRun) -> tuple[SharedRunStatus, dict[str, Any]] | None:
+        outcome, status = outcomes[i], SHARED_STATUS.get(outcomes[i].status)
+        foreign.pop(i, None)
+        if status is None:
+            return None
+        if run.snapshot.tenant_id != outcome.tenant_id or run.run_id not in (
+            None,
+            outcome.run_id,
+        ):
+            foreign[i] = run
+            return None
+        changes: dict[str, Any] = {"run_id": outcome.run_id, "reason": outcome.reason}
+        if outcome.execution_id:
+            changes["execution_id"] = outcome.execution_id
+        if run.assigned_instance_id is None:
+            changes["assigned_instance_id"] = outcome.instance_id
+        return status, changes
+
+    ended = await runs.transition_each([o.shared_run_id for o in outcomes], decide)
+    for i, run in foreign.items():
+        outcome = outcomes[i]
         log.warning(
             "ignoring outcome of run %s (tenant %s) for shared run %s (tenant %s, run %s)",
             outcome.run_id,
@@ -82,16 +115,10 @@ async def end_shared_run(runs: SharedRunStore, outcome: RunOutcome) -> Transitio
             run.snapshot.tenant_id,
             run.run_id,
         )
-        return None
-    changes: dict[str, Any] = {"run_id": outcome.run_id, "reason": outcome.reason}
-    if outcome.execution_id:
-        changes["execution_id"] = outcome.execution_id
-    if run.assigned_instance_id is None:
-        changes["assigned_instance_id"] = outcome.instance_id
-    try:
-        return await runs.transition(outcome.shared_run_id, status, **changes)
-    except KeyError:
-        return None
+    return [
+        None if i in foreign or SHARED_STATUS.get(o.status) is None else t
+        for i, (o, t) in enumerate(zip(outcomes, ended, strict=True))
+    ]
 
 
 class OutcomeReader:
@@ -206,18 +233,31 @@ class OutcomeReader:
         return await self._handle(stream, entries)
 
     async def _handle(self, stream: str, entries: list[tuple[Any, Any]]) -> int:
+        """End the runs of the entries read together in one transaction, then
+        acknowledge them all (one XACK): an entry is acknowledged only after its run
+        was ended, and a failure before that leaves every one of them to be read again."""
+        if not entries:
+            return 0
+        outcomes: list[RunOutcome] = []
         for entry_id, fields in entries:
-            if fields:  # an entry trimmed away while pending has no fields: just ack it
-                await self._apply(entry_id, fields)
-            await self.redis.xack(stream, OUTCOME_GROUP, entry_id)
-            self.handled += 1
+            if not fields:  # an entry trimmed away while pending has no fields: just ack it
+                continue
+            try:
+                outcomes.append(RunOutcome.from_fields(fields))
+            except ValueError as exc:  # a malformed outcome: never retried forever
+                log.warning("dropping run outcome %s: %s", entry_id, exc)
+        if outcomes:
+            try:
+                await end_shared_runs(self.runs, outcomes)
+            except ValueError:  # a malformed record: one by one, dropping only its outcome
+                for outcome in outcomes:
+                    try:
+                        await end_shared_run(self.runs, outcome)
+                    except ValueError as exc:  # never retried forever
+                        log.warning("dropping run outcome of %s: %s", outcome.run_id, exc)
+        await self.redis.xack(stream, OUTCOME_GROUP, *[entry_id for entry_id, _ in entries])
+        self.handled += len(entries)
         return len(entries)
-
-    async def _apply(self, entry_id: Any, fields: Any) -> None:
-        try:
-            await end_shared_run(self.runs, RunOutcome.from_fields(fields))
-        except ValueError as exc:  # a malformed outcome or record: never retried forever
-            log.warning("dropping run outcome %s: %s", entry_id, exc)
 
 
 def _entries(reply: Any) -> list[tuple[Any, Any]]:

@@ -352,6 +352,23 @@ class SharedRunStore:
 
         return await self._update_many([srid for srid, _ in moves], apply)
 
+    async def transition_each(
+        self,
+        ids: builtins.list[str],
+        decide: Callable[[int, SharedRun], tuple[SharedRunStatus, dict[str, Any]] | None],
+    ) -> builtins.list[Transition | None]:
+        """Many runs, each to the status and changes ``decide(i, record)`` picks from the
+        record as the transaction reads it (None: leave it), in one transaction and as
+        the table allows (:meth:`transition`); None for a run that does not exist.
+        ``decide`` may be called again for a record when a concurrent write retried
+        the transaction."""
+
+        def apply(i: int, run: SharedRun) -> SharedRun | None:
+            decided = decide(i, run)
+            return None if decided is None else _moved(run, decided[0], None, decided[1])
+
+        return await self._update_many(ids, apply)
+
     async def _update_many(
         self, ids: builtins.list[str], apply: Callable[[int, SharedRun], SharedRun | None]
     ) -> builtins.list[Transition | None]:

@@ -380,3 +380,29 @@ async def test_the_pumps_record_after_the_outcome_keeps_the_end_and_names_the_pu
     assert elsewhere.status is SharedRunStatus.FAILED and elsewhere.pump_worker_id is None
     moved = await cp.runs.require(queued.shared_run_id)
     assert moved.status is SharedRunStatus.DISPATCHED and moved.dispatched_at_ms == 1234
+
+
+async def test_one_read_ends_its_runs_together_and_a_broken_record_costs_only_its_outcome(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    """The outcomes of one read are applied in one transaction and acknowledged
+    together; a shared run record that no longer parses makes the reader fall back to
+    one by one, dropping only that outcome, so the others still end and nothing stays
+    pending to be read forever."""
+    runs = [await _dispatched(cp) for _ in range(5)]
+    broken = runs[2]
+    await redis.set(keys.shared_run(broken.shared_run_id), b'{"not": "a shared run"}')
+    reader = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)
+    await reader.ensure_group()
+    for run in runs:
+        await _write(redis, _outcome(run, RunStatus.COMPLETED))
+    await _write(redis, _outcome(runs[0], RunStatus.COMPLETED, tenant_id="tenant-b"))
+
+    assert await reader.read_new() == 6
+    for run in runs:
+        if run is not broken:
+            ended = await cp.runs.require(run.shared_run_id)
+            assert ended.status is SharedRunStatus.SUCCEEDED, run.shared_run_id
+    assert await redis.get(keys.shared_run(broken.shared_run_id)) == b'{"not": "a shared run"}'
+    pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
+    assert pending["pending"] == 0
