@@ -15,6 +15,10 @@ Peer, ratios and checks
   submitting, every result awaited; ``ratios`` = airuntime completed runs/s / Celery
   jobs/s for ``backlog`` and ``streaming``.
 * ``spread_ratio`` per scenario: runs on the most loaded instance / on the least loaded.
+* ``server_commands_per_run`` and ``redis_cpu_us_per_run`` per scenario: the server's
+  ``total_commands_processed`` and ``used_cpu_user + used_cpu_sys`` deltas from the
+  first submit to the last run's end, divided by the runs: figures the machine's speed
+  does not move, to compare commits on a box whose speed drifts.
 * ``--sweep 1000 10000 100000``: the backlog scenario at each size; ``ms_per_run`` and
   its ratio to the smallest size (the target: flat within 15%).
 * ``failures`` lists every missed target (the issue's: backlog 2,000 and streaming 1,500
@@ -81,6 +85,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import redis as sync_redis
 from redis.asyncio import Redis
 
 from airuntime.control_plane.service import ControlPlane
@@ -91,6 +96,7 @@ from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import connect
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.devstack.embedded import EmbeddedServer
+from benchmarks.redis_probe import ServerSample
 from benchmarks.runtime_process import RuntimeProcess
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
@@ -154,6 +160,11 @@ class Result:
     duration_s: float
     redis_clock_offset_ms: float
     notes: list[str] = field(default_factory=list)
+    server_commands_per_run: float | None = None
+    """Commands the server processed (each command a script runs counts) per run, from
+    the first submit to the last run's end: a figure the machine's speed does not move."""
+    redis_cpu_us_per_run: float | None = None
+    """Redis CPU (``INFO cpu`` user + sys) per run over the same window."""
 
 
 async def _clock_offset_ms(redis: Redis) -> float:
@@ -349,9 +360,12 @@ async def run_scenario(
     await redis.flushdb()
     host, cp = _stack(redis, runs, url, runtime_process)
     offset = await _clock_offset_ms(redis)
+    probe = _probe(url)
     try:
+        before = ServerSample.take(probe) if probe else None
         driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate, tenants))
         await _wait_done(redis, cp, runs, timeout_s=120, tenants=tenants)
+        after = ServerSample.take(probe) if probe else None
         rows = await _collect(redis, cp, driven.ids)
     finally:
         with contextlib.suppress(Exception):
@@ -359,7 +373,21 @@ async def run_scenario(
         with contextlib.suppress(Exception):
             await host.stop(drain_timeout_s=5)
         await redis.aclose()
-    return _result(scenario, rows, driven, offset)
+        if probe:
+            probe.close()
+    result = _result(scenario, rows, driven, offset)
+    if before and after:
+        result.server_commands_per_run = round((after.commands - before.commands) / runs, 1)
+        result.redis_cpu_us_per_run = round((after.cpu_s - before.cpu_s) * 1e6 / runs, 1)
+    return result
+
+
+def _probe(url: str) -> sync_redis.Redis | None:
+    """A plain client for the server counters (None on a cluster URL: per-shard
+    figures are :mod:`benchmarks.dispatch_cluster`'s)."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return sync_redis.Redis.from_url(url)
 
 
 # The issue's targets, and what --quick fails below (half of each).
@@ -469,7 +497,9 @@ def _print(report: Report) -> None:
             f"{r.scenario:9s} pump {r.pump_runs_per_s:8.1f} runs/s  "
             f"completed {r.completed_runs_per_s:8.1f} runs/s  "
             f"submit->ExecutionId p50 {lat['p50']:.0f} ms p99 {lat['p99']:.0f} ms  "
-            f"spread {r.spread_ratio}  per instance {r.runs_per_instance}"
+            f"spread {r.spread_ratio}  per instance {r.runs_per_instance}  "
+            f"server cmds/run {r.server_commands_per_run}  redis CPU us/run "
+            f"{r.redis_cpu_us_per_run}"
         )
     if report.celery_jobs_per_s is not None:
         print(f"celery    {report.celery_jobs_per_s:.1f} jobs/s  airuntime/celery {report.ratios}")
