@@ -16,7 +16,9 @@ call of the batch, as it would have reached each one alone). A lost script cache
 (NOSCRIPT) is refilled and only the refused calls sent again. A cancelled caller's call
 may still run, as an EVALSHA already written to the socket would. On a Redis Cluster
 calls go one by one (a pipeline spanning nodes has its own failure modes during
-failover and resharding), and a batch never takes more than ``max_batch`` calls.
+failover and resharding), and a batch never takes more than ``max_batch`` calls (the
+chunks of a larger queue go one after the other, so calls keep the order they were
+queued in: :meth:`ScriptBatcher.call_in_order`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airuntime.core.redis_client import RedisClient, is_cluster
-from airuntime.core.scripts import Arg, KeyArg, ScriptLibrary, library
+from airuntime.core.scripts import Arg, KeyArg, ScriptCall, ScriptLibrary, library
 
 __all__ = ["ScriptBatcher"]
 
@@ -65,19 +67,45 @@ class ScriptBatcher:
         if self.direct or (self._loop is not None and self._loop is not loop):
             return await self.scripts.call(self.redis, name, keys, args)
         self.scripts.checked(name, keys)  # a malformed call fails its caller alone, now
-        self._loop = loop
-        queued = _Queued(name, keys, args, loop.create_future())
-        self._queue.append(queued)
-        if len(self._queue) == 1:
-            loop.call_soon(self._flush)
+        [queued] = self._enqueue(loop, [ScriptCall(name, keys, args)])
         return await queued.reply
+
+    async def call_in_order(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """:meth:`ScriptLibrary.call_in_order` of ``calls`` (no plain commands): they
+        run one after the other in the order given, side by side in the queue so the
+        pipeline keeps that order; every call runs, then the first error is raised."""
+        loop = asyncio.get_running_loop()
+        if self.direct or (self._loop is not None and self._loop is not loop):
+            return await self.scripts.call_in_order(self.redis, calls)
+        for c in calls:
+            self.scripts.checked(c.name, c.keys)
+        queued = self._enqueue(loop, calls)
+        replies = await asyncio.gather(*(q.reply for q in queued), return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return list(replies)
+
+    def _enqueue(
+        self, loop: asyncio.AbstractEventLoop, calls: Sequence[ScriptCall]
+    ) -> list[_Queued]:
+        self._loop = loop
+        queued = [_Queued(c.name, c.keys, c.args, loop.create_future()) for c in calls]
+        if not self._queue:
+            loop.call_soon(self._flush)
+        self._queue.extend(queued)
+        return queued
 
     def _flush(self) -> None:
         queue, self._queue = self._queue, []
+        task = asyncio.ensure_future(self._send_all(queue))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_all(self, queue: list[_Queued]) -> None:
+        # One chunk after the other: calls queued in an order keep it across chunks.
         for start in range(0, len(queue), self.max_batch):
-            task = asyncio.ensure_future(self._send(queue[start : start + self.max_batch]))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            await self._send(queue[start : start + self.max_batch])
 
     async def _send(self, batch: list[_Queued]) -> None:
         if len(batch) == 1:

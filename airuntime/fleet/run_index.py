@@ -54,6 +54,7 @@ from airuntime.core.errors import AirError, ScriptError
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.run_layout import check_run_layout, new_run_id, run_buckets_for
+from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
@@ -98,6 +99,8 @@ class RunIndex:
             raise ValueError(f"retention_s must be >= 1, got {retention_s}")
         self.redis = redis
         self.scripts = scripts or library()
+        self.calls = ScriptBatcher(redis, self.scripts)
+        """Finishes of concurrent runs, sent together (:mod:`airuntime.core.script_batching`)."""
         self.retention_s = retention_s
         self.buckets = run_buckets_for(redis)
         self._layout_checked = False
@@ -309,7 +312,7 @@ class RunIndex:
                 only_if.value if only_if is not None else "",
             ],
         )
-        replies = await self.scripts.call_in_order(self.redis, [*after, finish])
+        replies = await self.calls.call_in_order([*after, finish])
         reply: Any = replies[-1]
         if int(reply[0]) != 1:
             return False

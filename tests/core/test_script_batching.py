@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from airuntime.core.errors import ScriptError
 from airuntime.core.script_batching import ScriptBatcher
-from airuntime.core.scripts import ScriptLibrary
+from airuntime.core.scripts import ScriptCall, ScriptLibrary
 
 ECHO = """--[[ KEYS[1] a counter; ARGV[1] a value. Returns {value, counter after INCR}. ]]
 return {ARGV[1], redis.call('INCR', KEYS[1])}
@@ -117,3 +117,35 @@ async def test_a_cancelled_caller_leaves_the_others_their_answers(
     assert [d for i, d in enumerate(done) if i != 2] == [
         f"ok{i}".encode() for i in range(6) if i != 2
     ]
+
+
+APPEND = """--[[ KEYS[1] a list; ARGV[1] a value. RPUSH, returns the new length. ]]
+return redis.call('RPUSH', KEYS[1], ARGV[1])
+"""
+
+
+async def test_groups_keep_their_order_across_chunks_and_raise_their_first_error(
+    redis: Redis, scripts: ScriptLibrary, tmp_path: Path
+) -> None:
+    (tmp_path / "appendValue-1.lua").write_text(APPEND)
+    lib = ScriptLibrary(tmp_path)
+    batcher = ScriptBatcher(redis, lib, max_batch=3)  # groups of 4 span chunks
+
+    async def group(g: int) -> list[object]:
+        calls = [ScriptCall("appendValue", [f"air:{{t}}:g{g}"], [f"{g}.{i}"]) for i in range(4)]
+        return await batcher.call_in_order(calls)
+
+    done = await _released(12, group)
+    assert done == [[1, 2, 3, 4]] * 12
+    for g in range(12):
+        assert await redis.lrange(f"air:{{t}}:g{g}", 0, -1) == [
+            f"{g}.{i}".encode() for i in range(4)
+        ], "each group's calls ran in the order given"
+    with pytest.raises(ResponseError, match="refused bad"):
+        await batcher.call_in_order(
+            [
+                ScriptCall("refuseBad", ["air:{t}:x"], ["bad"]),
+                ScriptCall("appendValue", ["air:{t}:after"], ["ran"]),
+            ]
+        )
+    assert await redis.lrange("air:{t}:after", 0, -1) == [b"ran"], "every call runs"
