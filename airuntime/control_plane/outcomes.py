@@ -84,10 +84,11 @@ async def end_shared_runs(
     """:func:`end_shared_run` of each outcome, all in one transaction. The outcome must
     be the run's as the transaction reads the record (its tenant, its RunId or none
     yet), so a run given to another RunId meanwhile is not ended by a stale outcome."""
+    statuses = [SHARED_STATUS.get(o.status) for o in outcomes]
     foreign: dict[int, SharedRun] = {}
 
     def decide(i: int, run: SharedRun) -> tuple[SharedRunStatus, dict[str, Any]] | None:
-        outcome, status = outcomes[i], SHARED_STATUS.get(outcomes[i].status)
+        outcome, status = outcomes[i], statuses[i]
         foreign.pop(i, None)
         if status is None:
             return None
@@ -115,10 +116,7 @@ async def end_shared_runs(
             run.snapshot.tenant_id,
             run.run_id,
         )
-    return [
-        None if i in foreign or SHARED_STATUS.get(o.status) is None else t
-        for i, (o, t) in enumerate(zip(outcomes, ended, strict=True))
-    ]
+    return [None if i in foreign or statuses[i] is None else t for i, t in enumerate(ended)]
 
 
 class OutcomeReader:

@@ -24,17 +24,21 @@ queued in: :meth:`ScriptBatcher.call_in_order`).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airuntime.core.redis_client import RedisClient, is_cluster
-from airuntime.core.scripts import Arg, KeyArg, ScriptCall, ScriptLibrary, library
+from airuntime.core.scripts import (
+    Arg,
+    KeyArg,
+    ScriptCall,
+    ScriptLibrary,
+    library,
+    raise_first_error,
+)
 
 __all__ = ["ScriptBatcher"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -64,7 +68,7 @@ class ScriptBatcher:
     async def call(self, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()) -> Any:
         """The reply of script ``name``, as :meth:`ScriptLibrary.call` returns it."""
         loop = asyncio.get_running_loop()
-        if self.direct or (self._loop is not None and self._loop is not loop):
+        if not self._batching(loop):
             return await self.scripts.call(self.redis, name, keys, args)
         self.scripts.checked(name, keys)  # a malformed call fails its caller alone, now
         [queued] = self._enqueue(loop, [ScriptCall(name, keys, args)])
@@ -75,16 +79,18 @@ class ScriptBatcher:
         run one after the other in the order given, side by side in the queue so the
         pipeline keeps that order; every call runs, then the first error is raised."""
         loop = asyncio.get_running_loop()
-        if self.direct or (self._loop is not None and self._loop is not loop):
+        if not self._batching(loop):
             return await self.scripts.call_in_order(self.redis, calls)
         for c in calls:
             self.scripts.checked(c.name, c.keys)
         queued = self._enqueue(loop, calls)
         replies = await asyncio.gather(*(q.reply for q in queued), return_exceptions=True)
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-        return list(replies)
+        return raise_first_error(list(replies))
+
+    def _batching(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Calls are queued: not on a cluster, and only on the loop that queued first
+        (a client belongs to one loop; another loop's calls go one by one)."""
+        return not self.direct and (self._loop is None or self._loop is loop)
 
     def _enqueue(
         self, loop: asyncio.AbstractEventLoop, calls: Sequence[ScriptCall]

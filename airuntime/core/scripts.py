@@ -179,7 +179,7 @@ class ScriptLibrary:
         if is_cluster(redis):
             replies = [await self._reply_of(redis, c) for c in calls]
             replies += [await _reply_of_command(redis, command) for command in then]
-            return _raise_first_error(replies)
+            return raise_first_error(replies)
         scripts = [self.checked(c.name, c.keys) for c in calls]
         pipe = redis.pipeline(transaction=False)
         for script, c in zip(scripts, calls, strict=True):
@@ -194,7 +194,7 @@ class ScriptLibrary:
                 replies[i] = await self._reply_of(redis, calls[i])
             for j, command in enumerate(then, start=len(calls)):
                 replies[j] = await _reply_of_command(redis, command)
-        return _raise_first_error(replies)
+        return raise_first_error(replies)
 
     async def _reply_of(self, redis: RedisClient, c: ScriptCall) -> Any:
         try:
@@ -235,7 +235,8 @@ async def _reply_of_command(redis: RedisClient, command: Sequence[KeyArg | Arg])
         return exc
 
 
-def _raise_first_error(replies: list[Any]) -> list[Any]:
+def raise_first_error(replies: list[Any]) -> list[Any]:
+    """``replies`` if none is an error reply; else the first error, raised."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
