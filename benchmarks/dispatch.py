@@ -19,6 +19,8 @@ Peer, ratios and checks
   ``total_commands_processed`` and ``used_cpu_user + used_cpu_sys`` deltas from the
   first submit to the last run's end, divided by the runs: figures the machine's speed
   does not move, to compare commits on a box whose speed drifts.
+* ``python_cpu_us_per_run``: the CPU the airuntime processes (this one, and the
+  runtime child of ``--runtime-process``) used over the same window, per run.
 * ``--sweep 1000 10000 100000``: the backlog scenario at each size; ``ms_per_run`` and
   its ratio to the smallest size (the target: flat within 15%).
 * ``failures`` lists every missed target (the issue's: backlog 2,000 and streaming 1,500
@@ -80,9 +82,11 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis as sync_redis
@@ -165,6 +169,11 @@ class Result:
     the first submit to the last run's end: a figure the machine's speed does not move."""
     redis_cpu_us_per_run: float | None = None
     """Redis CPU (``INFO cpu`` user + sys) per run over the same window."""
+    python_cpu_us_per_run: float | None = None
+    """CPU (user + sys) of the airuntime processes per run over the same window: this
+    process (control plane, submitters, and the runtimes unless ``--runtime-process``)
+    plus the runtime child when there is one. Like the Redis figure, it moves little
+    with the box's speed, so commits compare by it."""
 
 
 async def _clock_offset_ms(redis: Redis) -> float:
@@ -363,9 +372,11 @@ async def run_scenario(
     probe = _probe(url)
     try:
         before = ServerSample.take(probe) if probe else None
+        cpu_before = _python_cpu_s(host)
         driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate, tenants))
         await _wait_done(redis, cp, runs, timeout_s=120, tenants=tenants)
         after = ServerSample.take(probe) if probe else None
+        cpu_after = _python_cpu_s(host)
         rows = await _collect(redis, cp, driven.ids)
     finally:
         with contextlib.suppress(Exception):
@@ -379,7 +390,20 @@ async def run_scenario(
     if before and after:
         result.server_commands_per_run = round((after.commands - before.commands) / runs, 1)
         result.redis_cpu_us_per_run = round((after.cpu_s - before.cpu_s) * 1e6 / runs, 1)
+    result.python_cpu_us_per_run = round((cpu_after - cpu_before) * 1e6 / runs, 1)
     return result
+
+
+def _python_cpu_s(host: Runtimes) -> float:
+    """CPU seconds (user + sys) used so far by this process and, with
+    ``--runtime-process``, the runtime child (from ``/proc/<pid>/stat``; a child that
+    has not started yet counts 0)."""
+    used = time.process_time()
+    if isinstance(host, RuntimeProcess) and host.proc is not None:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{host.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            used += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
 
 
 def _probe(url: str) -> sync_redis.Redis | None:
@@ -499,7 +523,7 @@ def _print(report: Report) -> None:
             f"submit->ExecutionId p50 {lat['p50']:.0f} ms p99 {lat['p99']:.0f} ms  "
             f"spread {r.spread_ratio}  per instance {r.runs_per_instance}  "
             f"server cmds/run {r.server_commands_per_run}  redis CPU us/run "
-            f"{r.redis_cpu_us_per_run}"
+            f"{r.redis_cpu_us_per_run}  python CPU us/run {r.python_cpu_us_per_run}"
         )
     if report.celery_jobs_per_s is not None:
         print(f"celery    {report.celery_jobs_per_s:.1f} jobs/s  airuntime/celery {report.ratios}")
