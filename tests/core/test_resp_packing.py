@@ -3,6 +3,10 @@ real server through every client airuntime makes."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -11,9 +15,11 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.core.redis_client import CountingRedisCluster, connect
 from airuntime.core.resp_packing import HiredisPacking, use_hiredis_packing
+from airuntime.devstack.embedded import EmbeddedServer
 from tests.conftest import RedisServerInfo
 
 PYTHON = Connection()
@@ -86,3 +92,71 @@ async def test_a_cluster_client_packs_with_hiredis_on_every_node(
     assert len({n.port for n in cluster_redis.get_primaries()}) == 3
     for node in nodes:
         assert issubclass(node.connection_class, HiredisPacking), node
+
+
+async def test_a_send_starts_no_task(redis_server: RedisServerInfo) -> None:
+    # redis-py bounds each write by asyncio.wait_for, a new Task per command on 3.11.
+    client = connect(redis_server.url, socket_timeout=5)
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+
+    def counting_factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
+    ) -> asyncio.Task[Any]:
+        made.append(getattr(coro, "__qualname__", repr(coro)))
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    try:
+        await client.ping()  # connect outside the count
+        loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
+        for i in range(50):
+            await client.set(f"packing:send:{i}", i)
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(50):
+                pipe.get(f"packing:send:{i}")
+            values = await pipe.execute()
+        assert values == [str(i).encode() for i in range(50)]
+    finally:
+        loop.set_task_factory(None)
+        await client.aclose()
+    assert "AbstractConnection._send_packed_command" not in made, made
+
+
+async def test_a_write_to_a_frozen_server_times_out_or_is_cancelled_and_drops_the_connection() -> (
+    None
+):
+    server = EmbeddedServer().start()
+    client = connect(server.url, socket_timeout=0.5)
+    big = b"x" * (64 << 20)  # far more than the kernel's socket buffers: it cannot drain
+    try:
+        await client.set("packing:before", 1)
+        timing_out = await client.connection_pool.get_connection()
+        cancelled = await client.connection_pool.get_connection()
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RedisTimeoutError, match="Timeout writing to socket"):
+                await timing_out.send_command("SET", "packing:big", big)
+            assert not timing_out.is_connected, "a half-sent command must not be reused"
+
+            sending = asyncio.ensure_future(cancelled.send_command("SET", "packing:big", big))
+            while not _stuck(cancelled):
+                await asyncio.sleep(0)  # one loop turn, until the write waits on the kernel
+            sending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sending
+            assert not cancelled.is_connected, "a cancelled send drops the connection"
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        for conn in (timing_out, cancelled):
+            await client.connection_pool.release(conn)
+        assert await client.get("packing:before") == b"1", "the client connects again"
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+def _stuck(conn: Any) -> bool:
+    """The connection's transport holds bytes the kernel did not take."""
+    writer = conn._writer
+    return writer is not None and writer.transport.get_write_buffer_size() > 0
