@@ -391,6 +391,11 @@ class RuntimeInstance:
                     ready.append(loaded)
             if ready and not await self._start(ready):
                 return
+            if len(ids) < room:
+                # The read took the whole queue: nothing is left to start until an
+                # accept (or a heartbeat) kicks the controller again, so it does not
+                # read the queue once more only to find it empty.
+                return
 
     async def _start(self, ready: list[tuple[RunRecord, RunRequest]]) -> bool:
         """Take workers, mark the runs running with new ExecutionIds, launch them; False
