@@ -141,6 +141,8 @@ class OutcomeReader:
         self.claim_idle_ms = claim_idle_ms
         self.handled = 0
         self.streams = [b.outcomes for b in keys.run_buckets(run_buckets_for(redis))]
+        self._take_over_due: dict[str, float] = {}
+        """Per stream, the loop time of the next look for abandoned entries."""
 
     async def run(self, ctx: LoopContext) -> None:
         await self.ensure_group()
@@ -162,9 +164,21 @@ class OutcomeReader:
     async def _follow(self, stream: str, ctx: LoopContext) -> None:
         """One stream, forever: entries abandoned by another consumer, then new ones."""
         while True:
-            await self._take_over(stream)
+            await self._take_over_when_due(stream)
             await self._read(stream, self.block_ms)
             ctx.ok()
+
+    async def _take_over_when_due(self, stream: str) -> None:
+        """:meth:`_take_over` at most four times per ``claim_idle_ms``, not before every
+        read: an entry becomes abandoned only after that long unacknowledged, so
+        looking more often finds nothing new, and each look is a round trip (it was one
+        in two of the reader's round trips under a steady trickle of outcomes). An
+        abandoned entry is taken over at most a quarter of the idle time late."""
+        now = asyncio.get_running_loop().time()
+        if now < self._take_over_due.get(stream, 0.0):
+            return
+        await self._take_over(stream)
+        self._take_over_due[stream] = now + self.claim_idle_ms / 4000
 
     async def ensure_group(self) -> None:
         """Create the group (from the stream's start) on every bucket's stream unless it

@@ -166,6 +166,48 @@ async def test_an_outcome_left_unacknowledged_by_a_dead_control_plane_is_taken_o
     assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.SUCCEEDED
 
 
+async def test_a_following_reader_takes_over_an_abandoned_outcome_once_it_is_due(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    run = await _dispatched(cp)
+    dead = OutcomeReader(redis, cp.runs, "cp-dead", block_ms=10)
+    await dead.ensure_group()
+    await _write(redis, _outcome(run, RunStatus.COMPLETED))
+    await redis.xreadgroup(OUTCOME_GROUP, "cp-dead", {keys.RunBucket(0).outcomes: ">"}, count=10)
+
+    alive = OutcomeReader(redis, cp.runs, "cp-alive", block_ms=10, claim_idle_ms=200)
+    task = asyncio.create_task(alive.run(_ctx()))
+    try:
+
+        async def ended() -> bool:
+            return (await cp.runs.require(run.shared_run_id)).status.terminal
+
+        await wait_for(ended, what="the abandoned outcome taken over and applied")
+    finally:
+        await cancel_and_wait([task])
+    assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.SUCCEEDED
+    pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
+    assert pending["pending"] == 0
+
+
+async def test_a_reader_looks_for_abandoned_outcomes_once_per_quarter_idle_time(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    reader = OutcomeReader(redis, cp.runs, "cp-test", block_ms=10)  # idle time 60 s
+    await reader.ensure_group()
+    stream = keys.RunBucket(0).outcomes
+
+    async def autoclaims() -> int:
+        stats = await redis.info("commandstats")
+        return int(stats.get("cmdstat_xautoclaim", {}).get("calls", 0))
+
+    before = await autoclaims()
+    for _ in range(20):  # a reader's loop: a look when due, then a read
+        await reader._take_over_when_due(stream)
+        await reader._read(stream, None)
+    assert await autoclaims() - before == 1, "one look per 15 s, not one per read"
+
+
 async def test_real_runs_end_succeeded_or_failed_with_nobody_draining(redis: Redis) -> None:
     cp = ControlPlane(
         redis,
