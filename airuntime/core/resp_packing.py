@@ -44,7 +44,9 @@ class HiredisPacking:
     def pack_command(self, *args: Any) -> list[bytes]:
         # As redis-py's packers: a command given as "CONFIG GET" is two arguments.
         if isinstance(args[0], str):
-            args = (*args[0].encode().split(), *args[1:])
+            words = args[0].split()
+            if len(words) != 1 or words[0] != args[0]:  # the usual one word passes as is
+                args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
             args = (*args[0].split(), *args[1:])
         try:

@@ -33,7 +33,8 @@ ARGUMENT = st.one_of(
 )
 
 
-@given(st.sampled_from(["SET", "EVALSHA", "CONFIG GET", b"HSET", b"CLIENT SETNAME"]),
+@given(st.sampled_from(["SET", "EVALSHA", "CONFIG GET", "CLIENT\tSETNAME", " GET", b"HSET",
+                        b"CLIENT SETNAME"]),
        st.lists(ARGUMENT, max_size=40))  # fmt: skip
 def test_the_bytes_are_the_python_packers(command: str | bytes, args: list[Any]) -> None:
     expected = b"".join(PYTHON.pack_command(command, *args))
