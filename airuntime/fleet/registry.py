@@ -36,7 +36,13 @@ from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.slots import ensure_transaction_slot
-from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings, is_visible
+from airuntime.fleet.tenancy import (
+    IsolationMode,
+    TenantSettings,
+    default_settings,
+    is_visible,
+    parse_settings,
+)
 
 
 class InstanceStatus(StrEnum):
@@ -213,7 +219,7 @@ class Registry:
         raw = await self.redis.get(keys.tenant_settings(tenant_id))
         if raw is None:
             return default_settings(tenant_id)
-        return TenantSettings.model_validate_json(raw)
+        return parse_settings(raw)
 
     async def tenants(self, tenant_ids: Iterable[str]) -> dict[str, TenantSettings]:
         """:meth:`tenant` of each of ``tenant_ids`` in one round trip (their keys share
@@ -223,7 +229,7 @@ class Registry:
             return {}
         raws = await self.redis.mget([keys.tenant_settings(t) for t in ids])
         return {
-            t: TenantSettings.model_validate_json(raw) if raw is not None else default_settings(t)
+            t: parse_settings(raw) if raw is not None else default_settings(t)
             for t, raw in zip(ids, raws, strict=True)
         }
 

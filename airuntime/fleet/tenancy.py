@@ -16,6 +16,7 @@ the single place that compares it with an instance's owner.
 
 from __future__ import annotations
 
+import functools
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -92,9 +93,20 @@ class TenantSettings(BaseModel):
         return self
 
 
+@functools.lru_cache(maxsize=1024)
 def default_settings(tenant_id: str) -> TenantSettings:
-    """Settings of a tenant nobody configured: Shared, on the shared runtimes."""
+    """Settings of a tenant nobody configured: Shared, on the shared runtimes. The model
+    is frozen (its collections are tuples), so one object per tenant serves every run:
+    submit, admission, intake and start each ask for it."""
     return TenantSettings(tenant_id=tenant_id)
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_settings(raw: bytes | str) -> TenantSettings:
+    """Stored settings parsed once per distinct stored text (the cache key is the text
+    itself, so a changed setting is seen at the next read; a malformed one raises every
+    time, as exceptions are not cached)."""
+    return TenantSettings.model_validate_json(raw)
 
 
 def is_visible(

@@ -12,11 +12,13 @@ import asyncio
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from airuntime.core import keys
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunStatus
-from airuntime.fleet.tenancy import IsolationMode
+from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import (
     DEADLINE_S,
@@ -224,3 +226,33 @@ async def test_an_instance_lacking_the_pipelines_handlers_neither_assists_nor_fa
     runtime.gate.open()
     assert await runtime.watcher.reached(run_id, "completed", "failed") == "completed"
     assert runtime.watcher.states[run_id] == ["queued", "running", "completed"]
+
+
+async def test_tenant_settings_reads_follow_every_change_and_refuse_a_corrupt_record(
+    runtime: Runtime,
+) -> None:
+    # Parsed settings are shared per stored text: a change is seen at the next read, by
+    # one read and by a batch read alike, and going back to no settings gives defaults.
+    registry = runtime.registry
+    first = await registry.tenant("tenant-a")
+    assert first.isolation_mode is IsolationMode.SHARED and first.allow_shared_fallback
+
+    await registry.put_tenant(tenant_settings("tenant-a", isolation_mode=IsolationMode.DEDICATED))
+    changed = await registry.tenant("tenant-a")
+    assert changed.isolation_mode is IsolationMode.DEDICATED
+    assert not changed.allow_shared_fallback
+    assert (await registry.tenants(["tenant-a"]))["tenant-a"] == changed
+
+    await registry.put_tenant(tenant_settings("tenant-a", allowed_handlers=("noop",)))
+    again = await registry.tenants(["tenant-a", "tenant-b"])
+    assert again["tenant-a"].allowed_handlers == ("noop",)
+    assert again["tenant-a"].isolation_mode is IsolationMode.SHARED
+    assert again["tenant-b"] == await registry.tenant("tenant-b")
+
+    await registry.delete_tenant("tenant-a")
+    assert await registry.tenant("tenant-a") == TenantSettings(tenant_id="tenant-a") != first
+
+    await runtime.redis.set(keys.tenant_settings("tenant-a"), b'{"tenant_id": "tenant-a", "x": 1}')
+    for _ in range(2):  # refused each time: a refusal is never remembered as settings
+        with pytest.raises(ValidationError, match="x"):
+            await registry.tenant("tenant-a")
