@@ -89,10 +89,9 @@ class SharedQueuePump:
         result = PumpResult()
         no_capacity: set[str] = set()
         while result.cycles < max_runs:
+            wanted = min(batch, max_runs - result.cycles)
             results = await dispatch_batch(
-                self.dispatcher,
-                min(batch, max_runs - result.cycles),
-                skip_tenants=frozenset(no_capacity),
+                self.dispatcher, wanted, skip_tenants=frozenset(no_capacity)
             )
             if not results:
                 result.stopped = PumpStop.EMPTY
@@ -106,6 +105,12 @@ class SharedQueuePump:
                 result.failed += 1
                 if r.requeued and r.tenant_id:
                     no_capacity.add(r.tenant_id)
+            if len(results) < wanted:
+                # The claim took every Pending item it saw: the queues were drained as of
+                # that read, so claiming again now would only come back empty (a submit
+                # since then wakes the background pump; see BackgroundPump.run).
+                result.stopped = PumpStop.EMPTY
+                break
         return result
 
 
@@ -150,9 +155,11 @@ class BackgroundPump:
             self.wake.clear()
             result = await self.pump.pump_batches(self.batch, self.claim_batch)
             ctx.ok()
-            if result.dispatched == 0 or result.failed > 0:
+            if result.dispatched == 0 or result.failed > 0 or result.stopped is PumpStop.EMPTY:
                 # Nothing moved, or some runs found no room: capacity changes when runs
                 # start and end, so wait for a submit or the idle period instead of
-                # claiming the same items again at once.
+                # claiming the same items again at once. Or the pass drained the queues:
+                # the next item comes with a submit's wake-up (or, submitted through
+                # another control plane, by the idle period, as after an empty pass).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.idle_s)

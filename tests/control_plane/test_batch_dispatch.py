@@ -10,10 +10,13 @@ room stay Pending.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
 
 from airuntime.control_plane.admission import plan_placement
+from airuntime.control_plane.pump import PumpStop
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core import keys
@@ -167,3 +170,28 @@ async def test_a_mixed_batch_puts_each_tenants_runs_only_where_it_may_run(
     assert {r.snapshot.tenant_id for r in own.deliveries} == {"tenant-a"}
     assert {r.snapshot.tenant_id for r in shared.deliveries} == {"default"}
     assert len(own.deliveries) == len(shared.deliveries) == 10
+
+
+async def test_a_pass_that_claimed_fewer_runs_than_it_asked_for_stops_without_another_claim(
+    redis: Redis,
+) -> None:
+    cp = manual_cp(redis, scale_out_enabled=False)
+    target = await _recording(redis, cp, "runtime-instance-1")
+    claims: list[int] = []
+    real = cp.queue.claim_batch
+
+    async def counted(claimer: str, count: int, skip: frozenset[str] = frozenset()) -> Any:
+        claimed = await real(claimer, count, skip)
+        claims.append(len(claimed))
+        return claimed
+
+    cp.queue.claim_batch = counted  # type: ignore[method-assign]
+    async with running_cp(cp):
+        for _ in range(70):
+            await cp.submit(TINY_PIPELINE, snap())
+        result = await cp.pump.pump_batches(1000, batch=64)
+
+    assert result.dispatched == 70 == len(target.deliveries)
+    assert result.stopped is PumpStop.EMPTY
+    assert claims == [64, 6], "a full batch, then the rest; no claim that finds nothing"
+    assert await cp.queue.pending_count() == 0
