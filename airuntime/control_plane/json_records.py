@@ -24,6 +24,10 @@ M = TypeVar("M", bound=BaseModel)
 AlsoWrite = Callable[[Any, Any, Any], None]
 """``also(pipe, before, after)``: more writes queued in the same MULTI (index upkeep)."""
 
+AlsoWriteMany = Callable[[Any, list[tuple[Any, Any]]], None]
+"""``also(pipe, [(before, after), ...])``: the upkeep of every changed record of a batch,
+queued as a few multi-key commands rather than a few commands per record."""
+
 
 async def update_record(
     redis: RedisClient,
@@ -65,13 +69,15 @@ async def update_records(
     keys: list[str],
     model: type[M],
     change: Callable[[int, M], M | None],
-    also: Callable[[Any, M, M], None] | None = None,
+    also: Callable[[Any, list[tuple[M, M]]], None] | None = None,
 ) -> list[tuple[M, M] | None]:
     """:func:`update_record` for many keys in one transaction (a pump's batch):
     ``change(i, record)`` for the record at ``keys[i]``; one ``(before, after)`` or None
     (missing, or ``change`` returned None: nothing written for it) per key. A conflict on
     any key retries the whole batch, so every change still sees the record as it is when
-    the write lands."""
+    the write lands. The changed records are written by one MSET and ``also`` queues the
+    batch's upkeep (:data:`AlsoWriteMany`): the transaction holds a few commands, not a
+    few per record (each queued command is a reply to read back)."""
     if not keys:
         return []
     while True:
@@ -89,11 +95,14 @@ async def update_records(
                         (before, after) if before is not None and after is not None else None
                     )
                 pipe.multi()  # type: ignore[no-untyped-call]
-                for key, pair in zip(keys, out, strict=True):
-                    if pair is not None:
-                        pipe.set(key, pair[1].model_dump_json())
-                        if also is not None:
-                            also(pipe, pair[0], pair[1])
+                changed = [(k, pair) for k, pair in zip(keys, out, strict=True) if pair]
+                if changed:
+                    # A key named twice gets its last change, as one SET after another
+                    # would. A raw command, as MGET above: a cluster pipeline blocks mset().
+                    latest = {k: pair[1].model_dump_json() for k, pair in changed}
+                    pipe.execute_command("MSET", *(x for kv in latest.items() for x in kv))
+                    if also is not None:
+                        also(pipe, [pair for _, pair in changed])
                 ensure_transaction_slot("update_records", pipe, *keys)
                 await pipe.execute()
                 return out

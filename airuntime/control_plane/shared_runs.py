@@ -175,12 +175,21 @@ def _moved(
 def _index_terminal(pipe: Any, before: SharedRun, after: SharedRun) -> None:
     """Index upkeep in the same transaction: a terminal run leaves the open index for
     the finished one and the archive outbox."""
-    if after.status.terminal:
-        pipe.zrem(keys.shared_runs_open(), after.shared_run_id)
-        pipe.hdel(keys.shared_runs_open_tenants(), after.shared_run_id)
-        finished = {after.shared_run_id: after.finished_at_ms or after.updated_at_ms}
-        pipe.zadd(keys.shared_runs_finished(), finished)
-        pipe.zadd(keys.shared_run_archive_outbox(), finished, nx=True)
+    _index_terminal_many(pipe, [(before, after)])
+
+
+def _index_terminal_many(pipe: Any, changed: list[tuple[SharedRun, SharedRun]]) -> None:
+    """:func:`_index_terminal` of a batch's changed runs, four commands for them all."""
+    ended = {
+        a.shared_run_id: a.finished_at_ms or a.updated_at_ms
+        for _, a in changed
+        if a.status.terminal
+    }
+    if ended:
+        pipe.zrem(keys.shared_runs_open(), *ended)
+        pipe.hdel(keys.shared_runs_open_tenants(), *ended)
+        pipe.zadd(keys.shared_runs_finished(), ended)
+        pipe.zadd(keys.shared_run_archive_outbox(), ended, nx=True)
 
 
 def check_created(run: SharedRun, reply: Any) -> None:
@@ -379,7 +388,7 @@ class SharedRunStore:
             [keys.shared_run(srid) for srid in ids],
             SharedRun,
             apply,
-            also=_index_terminal,
+            also=_index_terminal_many,
         )
         missing = [srid for srid, pair in zip(ids, records, strict=True) if pair is None]
         current = {r.shared_run_id: r for r in await self.get_many(missing)}

@@ -76,6 +76,7 @@ def check_script(name: str, keys: Sequence[str | bytes]) -> None:
 
 
 _ALL_ARGS_ARE_KEYS: Final = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
+_KEY_VALUE_PAIRS: Final = frozenset({"MSET", "MSETNX"})
 
 
 def command_keys(args: Sequence[Any]) -> list[str | bytes]:
@@ -85,6 +86,8 @@ def command_keys(args: Sequence[Any]) -> list[str | bytes]:
     if name in ("MULTI", "EXEC", "DISCARD", "UNWATCH"):
         return []
     rest = [a if isinstance(a, bytes) else str(a) for a in args[1:]]
+    if name in _KEY_VALUE_PAIRS:
+        return rest[0::2]
     return rest if name in _ALL_ARGS_ARE_KEYS else rest[:1]
 
 

@@ -448,3 +448,37 @@ async def test_one_read_ends_its_runs_together_and_a_broken_record_costs_only_it
     assert await redis.get(keys.shared_run(broken.shared_run_id)) == b'{"not": "a shared run"}'
     pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
     assert pending["pending"] == 0
+
+
+async def test_runs_ended_together_leave_the_open_index_and_join_finished_and_the_outbox(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    """A batch's records are written together and its index upkeep is a few multi-key
+    commands: every run ended in it moves, a run named twice moves once with its last
+    change, and a run the batch leaves open stays listed as open."""
+    runs = [await cp.submit(TINY_PIPELINE, snap()) for _ in range(5)]
+    ending, staying = runs[:4], runs[4]
+    ids = [r.shared_run_id for r in ending] + [ending[0].shared_run_id, staying.shared_run_id]
+    await redis.delete(keys.shared_run_archive_outbox())
+
+    def decide(i: int, run: SharedRun) -> tuple[SharedRunStatus, dict[str, Any]] | None:
+        if i == len(ids) - 1:
+            return None  # left as it is
+        return SharedRunStatus.CANCELLED, {"reason": f"ended by entry {i}"}
+
+    moved = await cp.runs.transition_each(ids, decide)
+    assert [t is not None and t.moved for t in moved] == [True] * 5 + [False]
+
+    ended = await cp.runs.get_many([r.shared_run_id for r in ending])
+    assert all(r.status is SharedRunStatus.CANCELLED and r.finished_at_ms for r in ended)
+    assert ended[0].reason == "ended by entry 4", "the last change of a run named twice"
+    open_ids = {m.decode() for m in await redis.zrange(keys.shared_runs_open(), 0, -1)}
+    assert open_ids == {staying.shared_run_id}
+    assert await redis.hkeys(keys.shared_runs_open_tenants()) == [staying.shared_run_id.encode()]
+    finished = dict(await redis.zrange(keys.shared_runs_finished(), 0, -1, withscores=True))
+    assert finished == {r.shared_run_id.encode(): float(r.finished_at_ms or 0) for r in ended}
+    outbox = await redis.zrange(keys.shared_run_archive_outbox(), 0, -1)
+    assert sorted(outbox) == sorted(r.shared_run_id.encode() for r in ending)
+    assert (await cp.runs.require(staying.shared_run_id)).status is (
+        SharedRunStatus.QUEUED_GLOBALLY
+    )

@@ -77,6 +77,16 @@ async def test_a_cross_slot_transaction_is_refused(redis: Redis, guard_on: None)
         ensure_transaction_slot("watched", pipe, "air:{c}:w")
 
 
+async def test_every_key_of_an_mset_counts_not_its_values(redis: Redis, guard_on: None) -> None:
+    same = redis.pipeline(transaction=True)
+    same.mset({"air:{a}:x": "air:{b}:value", "air:{a}:y": "air:{c}:value"})
+    ensure_transaction_slot("one slot", same)  # the values name other slots: not keys
+    split = redis.pipeline(transaction=True)
+    split.mset({"air:{a}:x": 1, "air:{b}:y": 2})
+    with pytest.raises(ScriptError, match=r"air:\{b\}:y"):
+        ensure_transaction_slot("two slots", split)
+
+
 def test_the_guard_is_off_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SLOT_CHECK_ENV, "0")
     pipe_keys = ["air:{a}:x", "air:{b}:y"]
