@@ -129,7 +129,12 @@ local function finalizeIfDone(ek, now)
     end
   end
   if ttl and ttl > 0 then
-    for i = 1, #ek.all do redis.call('EXPIRE', ek.all[i], ttl) end
+    -- The four sets deleted above are gone: no TTL to set on them (a redis.call each).
+    local gone = {[ek.ready] = true, [ek.readyThrottled] = true, [ek.delayed] = true,
+      [ek.running] = true}
+    for i = 1, #ek.all do
+      if not gone[ek.all[i]] then redis.call('EXPIRE', ek.all[i], ttl) end
+    end
   end
   return final
 end
