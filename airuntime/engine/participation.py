@@ -115,16 +115,19 @@ class Participation:
     # -- main loop -----------------------------------------------------------------
 
     async def run(self) -> ExecutionStatus:
-        helpers = [
-            asyncio.create_task(self._flusher(), name=f"flush:{self.eid}"),
-            asyncio.create_task(self._renewer(), name=f"renew:{self.eid}"),
-        ]
-        for helper in helpers:
-            helper.add_done_callback(self._helper_done)
+        helpers = [asyncio.create_task(self._flusher(), name=f"flush:{self.eid}")]
+        helpers[0].add_done_callback(self._helper_done)
+        # The renewer's first round is a third of a lease away: most participations end
+        # before it, so its task is made only then (a timer costs less than a task that
+        # starts, sleeps and is cancelled).
+        renew_later = asyncio.get_running_loop().call_later(
+            self._renew_every_s, self._start_renewer, helpers
+        )
         try:
             await self._loop()
             await self._let_flush_land()
         finally:
+            renew_later.cancel()
             for run in list(self.running.values()):
                 run.lose()  # stopped by the pool: not a crash; a handler thread notices
             tasks = [run.task for run in self.running.values() if run.task is not None]
@@ -140,6 +143,11 @@ class Participation:
         if self._flushing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._flushed.wait(), self._lease_s)
+
+    def _start_renewer(self, helpers: list[asyncio.Task[None]]) -> None:
+        renewer = asyncio.create_task(self._renewer(), name=f"renew:{self.eid}")
+        renewer.add_done_callback(self._helper_done)
+        helpers.append(renewer)
 
     def _helper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -481,35 +489,41 @@ class Participation:
 
     # -- lease renewal -------------------------------------------------------------------
 
+    @property
+    def _renew_every_s(self) -> float:
+        return self.settings.lease_ms / 3000
+
     async def _renewer(self) -> None:
-        loop = asyncio.get_running_loop()
-        every = self.settings.lease_ms / 3000
+        """Every third of a lease, from a third of a lease after the start (the timer
+        of :meth:`run` starts this task then): renew the claims still running here."""
         while True:
-            await asyncio.sleep(every)
             running = [r for r in self.running.values() if not r.lost]
-            if not running:
-                continue
-            sent = loop.time()
-            claims = [(r.claim.step_id, r.claim.token) for r in running]
-            try:
-                result = await self.retry(
-                    functools.partial(self.store.renew, self.eid, self.settings.lease_ms, claims),
-                    "lease renewal",
-                    min(r.lease_until for r in running),
-                )
-            except REPORT_ERRORS:
-                continue
-            for r, ok in zip(running, result.alive, strict=True):
-                if not ok and not r.lost:
-                    self.stats.lost_claims += 1
-                    r.lose()
-                elif ok:
-                    r.lease_until = sent + self._lease_s
-                    if r.lease is not None:
-                        scope, holder, ttl = r.lease
-                        with contextlib.suppress(Exception):
-                            await self.pool.leases.renew(scope, holder, ttl)
-            self.observe(result.status)
+            if running:
+                await self._renew(running)
+            await asyncio.sleep(self._renew_every_s)
+
+    async def _renew(self, running: list[StepRun]) -> None:
+        sent = asyncio.get_running_loop().time()
+        claims = [(r.claim.step_id, r.claim.token) for r in running]
+        try:
+            result = await self.retry(
+                functools.partial(self.store.renew, self.eid, self.settings.lease_ms, claims),
+                "lease renewal",
+                min(r.lease_until for r in running),
+            )
+        except REPORT_ERRORS:
+            return
+        for r, ok in zip(running, result.alive, strict=True):
+            if not ok and not r.lost:
+                self.stats.lost_claims += 1
+                r.lose()
+            elif ok:
+                r.lease_until = sent + self._lease_s
+                if r.lease is not None:
+                    scope, holder, ttl = r.lease
+                    with contextlib.suppress(Exception):
+                        await self.pool.leases.renew(scope, holder, ttl)
+        self.observe(result.status)
 
 
 def _deadline(items: Sequence[Report]) -> float:

@@ -310,3 +310,46 @@ async def test_steps_claimed_by_the_creating_call_run_without_a_claim_round_trip
     # a and b were claimed once, by the creating call: the pool ran them from the batch
     # (claimed again only after their 30 s leases, which would outlast the test).
     assert sorted(claims) == ["a", "b", "c"]
+
+
+async def test_a_step_outliving_its_lease_keeps_its_claim_through_renewals(
+    store: ExecutionStore,
+) -> None:
+    """The renewer starts a third of a lease after the participation (not with it) and
+    renews every third of a lease from then on: a step running for many leases is never
+    recovered, runs once, and a rival's recovery sweep finds nothing stale."""
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def long(ctx: StepContext) -> str:
+        calls.append(ctx.step_id)
+        await release.wait()
+        return "done"
+
+    reg = registry(long=long)
+    eid = await store.create(plan_of({"a": []}, uses="long", registry=reg))
+    pool = WorkerPool(store, reg, PoolSettings(workers=1, lease_ms=150))
+    running = asyncio.create_task(pool.run(eid))
+    running_set = store.keys_of(eid).running
+
+    async def expiry() -> float | None:
+        score = await store.redis.zscore(running_set, "a")
+        return None if score is None else float(score)
+
+    first = None
+    while first is None:  # the claim is taken
+        first = await expiry()
+    lease_ms = 150.0
+    seen = first
+    while seen < first + 4 * lease_ms:  # renewed well past four leases' end
+        assert not running.done(), "the pool ended while the step was held"
+        current = await expiry()
+        assert current is not None, "the claim was lost"
+        assert (await store.recover(eid)).recovered == 0, "nothing is stale while renewed"
+        seen = current
+        await asyncio.sleep(0.02)
+    release.set()
+    assert await running == "Succeeded"
+    assert calls == ["a"]
+    events = await store.events(eid)
+    assert [e.type for e in events if e.type == "step_recovered"] == []
