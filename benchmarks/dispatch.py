@@ -374,7 +374,8 @@ async def run_scenario(
         before = ServerSample.take(probe) if probe else None
         cpu_before = _python_cpu_s(host)
         driven = await _drive(redis, host, cp, scenario, _Load(runs, submitters, rate, tenants))
-        await _wait_done(redis, cp, runs, timeout_s=120, tenants=tenants)
+        # At least 100 runs/s: a 100,000-run backlog may take minutes.
+        await _wait_done(redis, cp, runs, timeout_s=max(120.0, runs / 100), tenants=tenants)
         after = ServerSample.take(probe) if probe else None
         cpu_after = _python_cpu_s(host)
         rows = await _collect(redis, cp, driven.ids)
