@@ -152,14 +152,20 @@ async def test_a_restarted_reader_handles_what_it_read_but_did_not_acknowledge(
     assert (await cp.runs.require(second.shared_run_id)).status is SharedRunStatus.FAILED
 
 
-async def test_an_outcome_left_unacknowledged_by_a_dead_control_plane_is_taken_over(
-    redis: Redis, cp: ControlPlane
-) -> None:
+async def _abandoned_outcome(redis: Redis, cp: ControlPlane) -> SharedRun:
+    """A dispatched run whose outcome a control plane read, then died before applying."""
     run = await _dispatched(cp)
     dead = OutcomeReader(redis, cp.runs, "cp-dead", block_ms=10)
     await dead.ensure_group()
     await _write(redis, _outcome(run, RunStatus.COMPLETED))
     await redis.xreadgroup(OUTCOME_GROUP, "cp-dead", {keys.RunBucket(0).outcomes: ">"}, count=10)
+    return run
+
+
+async def test_an_outcome_left_unacknowledged_by_a_dead_control_plane_is_taken_over(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    run = await _abandoned_outcome(redis, cp)
 
     alive = OutcomeReader(redis, cp.runs, "cp-alive", block_ms=10, claim_idle_ms=0)
     assert await alive.take_over_abandoned() == 1
@@ -169,11 +175,7 @@ async def test_an_outcome_left_unacknowledged_by_a_dead_control_plane_is_taken_o
 async def test_a_following_reader_takes_over_an_abandoned_outcome_once_it_is_due(
     redis: Redis, cp: ControlPlane
 ) -> None:
-    run = await _dispatched(cp)
-    dead = OutcomeReader(redis, cp.runs, "cp-dead", block_ms=10)
-    await dead.ensure_group()
-    await _write(redis, _outcome(run, RunStatus.COMPLETED))
-    await redis.xreadgroup(OUTCOME_GROUP, "cp-dead", {keys.RunBucket(0).outcomes: ">"}, count=10)
+    run = await _abandoned_outcome(redis, cp)
 
     alive = OutcomeReader(redis, cp.runs, "cp-alive", block_ms=10, claim_idle_ms=200)
     task = asyncio.create_task(alive.run(_ctx()))
