@@ -21,12 +21,11 @@ from airuntime.core.slots import ensure_transaction_slot
 
 M = TypeVar("M", bound=BaseModel)
 
-AlsoWrite = Callable[[Any, Any, Any], None]
-"""``also(pipe, before, after)``: more writes queued in the same MULTI (index upkeep)."""
-
-AlsoWriteMany = Callable[[Any, list[tuple[Any, Any]]], None]
-"""``also(pipe, [(before, after), ...])``: the upkeep of every changed record of a batch,
-queued as a few multi-key commands rather than a few commands per record."""
+AlsoWrite = Callable[[Any, list[tuple[Any, Any]]], None]
+"""``also(pipe, [(before, after), ...])``: more writes queued in the same MULTI (index
+upkeep) for every record the transaction changes -- one for :func:`update_record`, a
+batch's for :func:`update_records`, queued as a few multi-key commands rather than a
+few commands per record."""
 
 
 async def update_record(
@@ -34,13 +33,13 @@ async def update_record(
     key: str,
     model: type[M],
     change: Callable[[M], M | None],
-    also: Callable[[Any, M, M], None] | None = None,
+    also: Callable[[Any, list[tuple[M, M]]], None] | None = None,
 ) -> tuple[M, M] | None:
     """Replace the record at ``key`` by ``change(record)``; ``(before, after)``.
 
     None, and nothing written, when the key does not exist or ``change`` returns None.
     ``change`` may run more than once (once per conflicting write). ``also`` queues
-    further writes into the same transaction.
+    further writes into the same transaction (:data:`AlsoWrite`).
     """
     while True:
         async with redis.pipeline(transaction=True) as pipe:
@@ -56,7 +55,7 @@ async def update_record(
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.set(key, after.model_dump_json())
                 if also is not None:
-                    also(pipe, before, after)
+                    also(pipe, [(before, after)])
                 ensure_transaction_slot("update_record", pipe, key)
                 await pipe.execute()
                 return before, after
@@ -76,7 +75,7 @@ async def update_records(
     (missing, or ``change`` returned None: nothing written for it) per key. A conflict on
     any key retries the whole batch, so every change still sees the record as it is when
     the write lands. The changed records are written by one MSET and ``also`` queues the
-    batch's upkeep (:data:`AlsoWriteMany`): the transaction holds a few commands, not a
+    batch's upkeep (:data:`AlsoWrite`): the transaction holds a few commands, not a
     few per record (each queued command is a reply to read back)."""
     if not keys:
         return []

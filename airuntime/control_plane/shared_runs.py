@@ -172,14 +172,9 @@ def _moved(
     return run.model_copy(update={**changes, **extra})
 
 
-def _index_terminal(pipe: Any, before: SharedRun, after: SharedRun) -> None:
-    """Index upkeep in the same transaction: a terminal run leaves the open index for
-    the finished one and the archive outbox."""
-    _index_terminal_many(pipe, [(before, after)])
-
-
-def _index_terminal_many(pipe: Any, changed: list[tuple[SharedRun, SharedRun]]) -> None:
-    """:func:`_index_terminal` of a batch's changed runs, four commands for them all."""
+def _index_terminal(pipe: Any, changed: list[tuple[SharedRun, SharedRun]]) -> None:
+    """Index upkeep in the same transaction: the runs that ended leave the open index
+    for the finished one and the archive outbox (four commands for them all)."""
     ended = {
         a.shared_run_id: a.finished_at_ms or a.updated_at_ms
         for _, a in changed
@@ -388,7 +383,7 @@ class SharedRunStore:
             [keys.shared_run(srid) for srid in ids],
             SharedRun,
             apply,
-            also=_index_terminal_many,
+            also=_index_terminal,
         )
         missing = [srid for srid, pair in zip(ids, records, strict=True) if pair is None]
         current = {r.shared_run_id: r for r in await self.get_many(missing)}
