@@ -328,27 +328,31 @@ async def test_a_step_outliving_its_lease_keeps_its_claim_through_renewals(
 
     reg = registry(long=long)
     eid = await store.create(plan_of({"a": []}, uses="long", registry=reg))
-    pool = WorkerPool(store, reg, PoolSettings(workers=1, lease_ms=150))
+    lease_ms = 150
+    renewed = asyncio.Event()  # set by the fourth real renewal: past the first lease's end
+    rounds = 0
+    real_renew = store.renew
+
+    async def counted_renew(*args: Any, **kwargs: Any) -> Any:
+        nonlocal rounds
+        result = await real_renew(*args, **kwargs)
+        rounds += 1
+        if rounds == 4:
+            renewed.set()
+        return result
+
+    store.renew = counted_renew  # type: ignore[method-assign]
+    pool = WorkerPool(store, reg, PoolSettings(workers=1, lease_ms=lease_ms))
     running = asyncio.create_task(pool.run(eid))
-    running_set = store.keys_of(eid).running
-
-    async def expiry() -> float | None:
-        score = await store.redis.zscore(running_set, "a")
-        return None if score is None else float(score)
-
-    first = None
-    while first is None:  # the claim is taken
-        first = await expiry()
-    lease_ms = 150.0
-    seen = first
-    while seen < first + 4 * lease_ms:  # renewed well past four leases' end
-        assert not running.done(), "the pool ended while the step was held"
-        current = await expiry()
-        assert current is not None, "the claim was lost"
+    try:
+        await asyncio.wait_for(renewed.wait(), 30)  # a bound for a broken renewer only
+        # Four rounds a third of a lease apart: the claim's first lease has run out.
+        expiry = await store.redis.zscore(store.keys_of(eid).running, "a")
+        assert expiry is not None, "the claim was lost"
         assert (await store.recover(eid)).recovered == 0, "nothing is stale while renewed"
-        seen = current
-        await asyncio.sleep(0.02)
-    release.set()
+        assert not running.done(), "the pool ended while the step was held"
+    finally:
+        release.set()
     assert await running == "Succeeded"
     assert calls == ["a"]
     events = await store.events(eid)
