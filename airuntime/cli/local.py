@@ -141,7 +141,9 @@ def _demo_submit(state: dict[str, Any], doc: Any) -> dict[str, str]:
             "POST", f"{state['api_url']}/v1/runs", state["tokens"][tenant], json={"pipeline": doc}
         )
         submitted[tenant] = r["shared_run_id"]
-        console.print(f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}")
+        # One line per run even in an 80-column terminal or a pipe (rich wraps at 80).
+        line = f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}"
+        console.print(line, soft_wrap=True)
     return submitted
 
 
@@ -162,7 +164,8 @@ def _demo_follow(
             label = f"{body['status']} {(body.get('run') or {}).get('status', '')}".strip()
             if seen.get(tenant) != label:
                 seen[tenant] = label
-                console.print(f"   {tenant:9} {label} {body.get('assigned_instance_id') or ''}")
+                where = body.get("assigned_instance_id") or ""
+                console.print(f"   {tenant:9} {label} {where}".rstrip(), soft_wrap=True)
             if finished(body):
                 results[tenant] = body
         time.sleep(0.2)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 def test_demo_places_each_tenant_on_its_own_runtime_through_scale_out() -> None:
     env = {k: v for k, v in os.environ.items() if k != "AIRUNTIME_REDIS_URL"}
-    env["COLUMNS"] = "200"
+    env["COLUMNS"] = "80"  # a newcomer's terminal: every line must still be whole
     result = subprocess.run(
         [sys.executable, "-m", "airuntime.cli", "demo"],
         cwd=ROOT,
@@ -35,3 +35,7 @@ def test_demo_places_each_tenant_on_its_own_runtime_through_scale_out() -> None:
     assert "tenant-b-runtime-1" in rows["tenant-b"]
     assert all("completed" in row for row in rows.values())
     assert "ScaleOutRequested" in result.stderr, "the demo shows scale-out happening"
+    submits = [line for line in result.stderr.splitlines() if " -> sr-" in line]
+    assert len(submits) == 3 and all(line.endswith(": ScaleOutRequested") for line in submits), (
+        result.stderr
+    )
