@@ -42,13 +42,16 @@ local owner = ARGV[1]
 local now = nowMs()
 local result = {'', 0, 0}
 local steps = {}
-for i = 4, #ARGV, 4 do steps[#steps + 1] = ARGV[i] end
+for i = 4, #ARGV, 4 do steps[i / 4] = ARGV[i] end
 local statuses = hmgetMany(ek.status, steps)
 local tokens = hmgetMany(ek.token, steps)
 local attempts = hmgetMany(ek.attempt, steps)
 local done = {}
-local accepted = {}
+local accepted, n = {}, 0
 local st, out, ow, tm = {}, {}, {}, {}
+-- now as a string once (redis.call formats a number argument anew each time)
+local nowS = tostring(now)
+local r = 3
 for k, step in ipairs(steps) do
   local i = 4 * k
   local token, worker, output = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -66,11 +69,13 @@ for k, step in ipairs(steps) do
   else
     code = 1
     done[step] = true
-    accepted[#accepted + 1] = step
-    st[#st + 1] = step; st[#st + 1] = 'completed'
-    out[#out + 1] = step; out[#out + 1] = output
-    ow[#ow + 1] = step; ow[#ow + 1] = worker
-    tm[#tm + 1] = 'f:' .. step; tm[#tm + 1] = now
+    n = n + 1
+    accepted[n] = step
+    local j = 2 * n
+    st[j - 1] = step; st[j] = 'completed'
+    out[j - 1] = step; out[j] = output
+    ow[j - 1] = step; ow[j] = worker
+    tm[j - 1] = 'f:' .. step; tm[j] = nowS
     -- Same field order as step_claimed: the stream stores entries whose fields match
     -- its master entry's as values only.
     emit(ek, 'type', 'step_completed', 'step', step, 'attempt', attempts[k] or '1',
@@ -79,7 +84,8 @@ for k, step in ipairs(steps) do
   if code < 0 then
     emit(ek, 'type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
   end
-  result[#result + 1] = code
+  r = r + 1
+  result[r] = code
 end
 local readied = 0
 if #accepted > 0 then

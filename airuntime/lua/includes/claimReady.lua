@@ -12,38 +12,51 @@ local function claimReady(ek, owner, want, leaseMs, now, result)
   local popped = redis.call('ZPOPMIN', ek.ready, want)
   if #popped == 0 then return 0 end
   local steps = {}
-  for i = 1, #popped, 2 do steps[#steps + 1] = popped[i] end
+  for i = 1, #popped, 2 do steps[(i + 1) / 2] = popped[i] end
   local seq = redis.call('HINCRBY', ek.meta, 'claim_seq', #steps)
   local first = seq - #steps
   -- Defensive: a member of the ready set must be Ready with no open dependency.
   local statuses = hmgetMany(ek.status, steps)
   local pending = hmgetMany(ek.pending, steps)
-  local ok, numbers = {}, {}
+  local ok, numbers, n = {}, {}, 0
   for i, step in ipairs(steps) do
-    if statuses[i] == 'ready' and tonumber(pending[i] or '0') <= 0 then
-      ok[#ok + 1] = step
-      numbers[#numbers + 1] = first + i
+    if statuses[i] == 'ready' and (not pending[i] or tonumber(pending[i]) <= 0) then
+      n = n + 1
+      ok[n] = step
+      numbers[n] = first + i
     end
   end
   if #ok == 0 then return 0 end
   local attempts = hmgetMany(ek.attempt, ok)
   local refs = hmgetMany(ek.refs, ok)
-  local expiry = now + leaseMs
+  -- Numbers become strings once, not once per step (redis.call formats each number
+  -- argument anew).
+  local nowS, expiry = tostring(now), tostring(now + leaseMs)
   local st, tk, ow, tm, rn = {}, {}, {}, {}, {}
+  local r = #result
   for i, step in ipairs(ok) do
     local token = owner .. '#' .. numbers[i]
     local attempt = attempts[i] or '1'
-    st[#st + 1] = step; st[#st + 1] = 'running'
-    tk[#tk + 1] = step; tk[#tk + 1] = token
-    ow[#ow + 1] = step; ow[#ow + 1] = owner
-    tm[#tm + 1] = 'c:' .. step; tm[#tm + 1] = now
-    rn[#rn + 1] = expiry; rn[#rn + 1] = step
+    local j = 2 * i
+    st[j - 1] = step; st[j] = 'running'
+    tk[j - 1] = step; tk[j] = token
+    ow[j - 1] = step; ow[j] = owner
+    tm[j - 1] = 'c:' .. step; tm[j] = nowS
+    rn[j - 1] = expiry; rn[j] = step
     emit(ek, 'type', 'step_claimed', 'step', step, 'attempt', attempt, 'worker', owner,
       'token', token)
-    result[#result + 1] = step
-    result[#result + 1] = token
-    result[#result + 1] = attempt
-    readOutputsOf(ek, refs[i], result)
+    result[r + 1] = step
+    result[r + 2] = token
+    result[r + 3] = attempt
+    r = r + 3
+    local ref = refs[i]
+    if ref then
+      readOutputsOf(ek, ref, result)
+      r = #result
+    else
+      r = r + 1
+      result[r] = 0
+    end
   end
   hsetMany(ek.status, st)
   hsetMany(ek.token, tk)

@@ -41,15 +41,24 @@ local function releaseMany(ek, steps)
   if #steps == 0 then return 0 end
   local lists = hmgetMany(ek.children, steps)
   local dec, kids = {}, {}
+  local nk = 0
+  local function count(child)
+    local d = dec[child]
+    if d then
+      dec[child] = d + 1
+    else
+      dec[child] = 1
+      nk = nk + 1
+      kids[nk] = child
+    end
+  end
   for _, list in ipairs(lists) do
-    if list then
-      for child in string.gmatch(list, '[^,]+') do
-        if dec[child] then
-          dec[child] = dec[child] + 1
-        else
-          dec[child] = 1
-          kids[#kids + 1] = child
-        end
+    if list and list ~= '' then
+      -- One child (a chain, a fan-in's branches) needs no pattern matching.
+      if not string.find(list, ',', 1, true) then
+        count(list)
+      else
+        for child in string.gmatch(list, '[^,]+') do count(child) end
       end
     end
   end
