@@ -199,10 +199,13 @@ class StepRun:
         ctx = self.ctx = await self._context(step)
         self.in_handler = True
         try:
-            # asyncio.timeout, not wait_for: no second task per attempt.
+            # asyncio.timeout, not wait_for: no second task per attempt; and none at all
+            # for a step without a time limit (the default), where it would only cost.
             if pool.slots is not None:
                 async with pool.slots.slot(self.part.eid), asyncio.timeout(step.timeout_s):
                     output = await invoke(handler, ctx)
+            elif step.timeout_s is None:
+                output = await invoke(handler, ctx)
             else:
                 async with asyncio.timeout(step.timeout_s):
                     output = await invoke(handler, ctx)
