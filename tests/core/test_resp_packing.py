@@ -123,6 +123,37 @@ async def test_a_send_starts_no_task(redis_server: RedisServerInfo) -> None:
     assert "AbstractConnection._send_packed_command" not in made, made
 
 
+async def test_a_write_the_kernel_takes_makes_no_timeout(
+    redis_server: RedisServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing to wait for: the bound is only made when drain() could block (the test
+    # below shows that write still times out on a frozen server).
+    client = connect(redis_server.url, socket_timeout=5)
+    made = 0
+    real_timeout = asyncio.timeout
+
+    def counting_timeout(delay: float | None) -> asyncio.Timeout:
+        nonlocal made
+        made += 1
+        return real_timeout(delay)
+
+    try:
+        conn = await client.connection_pool.get_connection()
+        try:
+            monkeypatch.setattr(asyncio, "timeout", counting_timeout)
+            for i in range(50):
+                await conn.send_command("SET", f"packing:fast:{i}", i)
+            monkeypatch.undo()
+            replies = [await conn.read_response() for _ in range(50)]
+        finally:
+            await client.connection_pool.release(conn)
+        assert replies == [b"OK"] * 50
+        assert made == 0, f"{made} Timeouts for 50 writes the kernel took at once"
+        assert await client.get("packing:fast:49") == b"49"
+    finally:
+        await client.aclose()
+
+
 async def test_a_write_to_a_frozen_server_times_out_or_is_cancelled_and_drops_the_connection() -> (
     None
 ):
