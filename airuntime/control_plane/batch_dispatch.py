@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from airuntime.control_plane.admission import Assign, Decision
 from airuntime.control_plane.dispatch import DispatchResult, SharedRunDispatcher
 from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus
-from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, parse_shared_run
 from airuntime.control_plane.suspects import FAULT_REASONS
 from airuntime.core import keys
 from airuntime.core.context import use_context
@@ -70,7 +70,7 @@ async def dispatch_batch(
     left: list[DispatchResult] = []
     groups: dict[tuple[str, str | None], list[Claimed]] = defaultdict(list)
     for item, raw in zip(items, raws, strict=True):
-        run = SharedRun.model_validate_json(raw) if raw else None
+        run = parse_shared_run(raw) if raw else None
         if run is None or run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             left.append(await d.leave(item, run))  # not a dispatch: not observed
             continue

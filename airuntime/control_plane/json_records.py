@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel
 from redis.exceptions import WatchError
 
+from airuntime.control_plane.parsed_records import ParsedRecords
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.slots import ensure_transaction_slot
 
@@ -69,6 +70,7 @@ async def update_records(
     model: type[M],
     change: Callable[[int, M], M | None],
     also: Callable[[Any, list[tuple[M, M]]], None] | None = None,
+    records: ParsedRecords[M] | None = None,
 ) -> list[tuple[M, M] | None]:
     """:func:`update_record` for many keys in one transaction (a pump's batch):
     ``change(i, record)`` for the record at ``keys[i]``; one ``(before, after)`` or None
@@ -76,7 +78,10 @@ async def update_records(
     any key retries the whole batch, so every change still sees the record as it is when
     the write lands. The changed records are written by one MSET and ``also`` queues the
     batch's upkeep (:data:`AlsoWrite`): the transaction holds a few commands, not a
-    few per record (each queued command is a reply to read back)."""
+    few per record (each queued command is a reply to read back). With ``records``
+    (a frozen model's :class:`ParsedRecords`) a record read back as it was last stored
+    is not parsed again, and the records written are kept there."""
+    parse = records.parse if records is not None else model.model_validate_json
     if not keys:
         return []
     while True:
@@ -88,7 +93,7 @@ async def update_records(
                 raws = cast(list[Any], await pipe.execute_command("MGET", *keys))
                 out: list[tuple[M, M] | None] = []
                 for i, raw in enumerate(raws):
-                    before = model.model_validate_json(raw) if raw is not None else None
+                    before = parse(raw) if raw is not None else None
                     after = change(i, before) if before is not None else None
                     out.append(
                         (before, after) if before is not None and after is not None else None
@@ -98,12 +103,16 @@ async def update_records(
                 if changed:
                     # A key named twice gets its last change, as one SET after another
                     # would. A raw command, as MGET above: a cluster pipeline blocks mset().
-                    latest = {k: pair[1].model_dump_json() for k, pair in changed}
-                    pipe.execute_command("MSET", *(x for kv in latest.items() for x in kv))
+                    latest = {k: (pair[1].model_dump_json(), pair[1]) for k, pair in changed}
+                    flat = [x for key, (text, _) in latest.items() for x in (key, text)]
+                    pipe.execute_command("MSET", *flat)
                     if also is not None:
                         also(pipe, [pair for _, pair in changed])
                 ensure_transaction_slot("update_records", pipe, *keys)
                 await pipe.execute()
+                if records is not None and changed:
+                    for text, record in latest.values():
+                        records.written(text, record)
                 return out
             except WatchError:
                 continue

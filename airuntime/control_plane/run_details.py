@@ -23,6 +23,10 @@ from airuntime.fleet.runs import RunRecord, RunStatus
 class SharedRunView(SharedRun):
     """A shared run as listed: everything but the pipeline document."""
 
+    # A view is built for one answer and filled in place (run, execution, steps); the
+    # stored record it copies stays frozen (its parsed form is shared between readers).
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
     # Never serialised; the default lets a dump/validate round trip (what some
     # FastAPI versions do with response models) rebuild the view.
     pipeline: dict[str, Any] = Field(default_factory=dict, exclude=True)

@@ -35,6 +35,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from airuntime.control_plane.json_records import update_record, update_records
+from airuntime.control_plane.parsed_records import ParsedRecords
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.redis_client import RedisClient
@@ -114,7 +115,7 @@ SHARED_RUN_TRANSITIONS: Final[Mapping[SharedRunStatus, frozenset[SharedRunStatus
 
 
 class SharedRun(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     shared_run_id: str
     status: SharedRunStatus
@@ -137,6 +138,15 @@ class SharedRun(BaseModel):
     """When the run reached a terminal status (retention counts from here)."""
     replay_of: str | None = None
     """The SharedRunId this run replays (``POST /v1/runs/{id}/replay``), if any."""
+
+
+_PARSED: Final = ParsedRecords(SharedRun)
+
+
+def parse_shared_run(raw: bytes | str) -> SharedRun:
+    """The shared run stored as ``raw``; the text a read returned before (the usual
+    case: each step of a run reads what the step before wrote) is not parsed again."""
+    return _PARSED.parse(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,13 +256,13 @@ class SharedRunStore:
 
     async def get(self, shared_run_id: str) -> SharedRun | None:
         raw = await self.redis.get(keys.shared_run(shared_run_id))
-        return SharedRun.model_validate_json(raw) if raw else None
+        return parse_shared_run(raw) if raw else None
 
     async def get_many(self, shared_run_ids: list[str]) -> list[SharedRun]:
         if not shared_run_ids:
             return []
         raws = await self.redis.mget([keys.shared_run(i) for i in shared_run_ids])
-        return [SharedRun.model_validate_json(r) for r in raws if r]
+        return [parse_shared_run(r) for r in raws if r]
 
     async def get_for_tenant(self, shared_run_id: str, tenant_id: str) -> SharedRun | None:
         run = await self.get(shared_run_id)
@@ -384,6 +394,7 @@ class SharedRunStore:
             SharedRun,
             apply,
             also=_index_terminal,
+            records=_PARSED,
         )
         missing = [srid for srid, pair in zip(ids, records, strict=True) if pair is None]
         current = {r.shared_run_id: r for r in await self.get_many(missing)}
