@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack import embedded
-from airuntime.devstack.embedded import EmbeddedServer, EmbeddedServerError
+from airuntime.devstack.embedded import SERVER_TUNING, EmbeddedServer, EmbeddedServerError
 from airuntime.devstack.process_redis import (
     open_redis,
     parse_server_version,
@@ -129,6 +129,22 @@ def test_persistence_off_by_default(executable: str | None) -> None:
         finally:
             client.close()
     assert not runtime_dir.exists(), "ephemeral working dir must be removed at stop"
+
+
+@pytest.mark.parametrize("executable", EXECUTABLES)
+def test_the_server_is_tuned_for_growing_per_step_hashes(executable: str | None) -> None:
+    with EmbeddedServer(executable=executable) as server:
+        client = sync_client(server.url)
+        try:
+            for name, value in SERVER_TUNING:
+                assert client.config_get(name)[name] == value, name
+            # An execution's hash past the threshold is a hash table, a small one not.
+            client.hset("big", mapping={f"s{i}": "running" for i in range(129)})
+            client.hset("small", mapping={f"s{i}": "running" for i in range(5)})
+            assert client.object("encoding", "big") == "hashtable"
+            assert client.object("encoding", "small") == "listpack"
+        finally:
+            client.close()
 
 
 @pytest.mark.parametrize("executable", EXECUTABLES)

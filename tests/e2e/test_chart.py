@@ -32,6 +32,8 @@ from typing import Any
 import pytest
 import yaml
 
+from airuntime.devstack.embedded import SERVER_TUNING
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "helm" / "airuntime"
 HELM_SCRIPT = REPO_ROOT / "scripts" / "helm-binary.sh"
@@ -340,6 +342,10 @@ def test_in_cluster_valkey_secret_points_at_the_valkey_service(
     valkey = one(docs, "Deployment", "rel-airuntime-valkey")["spec"]["template"]["spec"]
     container = valkey["containers"][0]
     assert "--requirepass" in container["args"]
+    args = container["args"]
+    # The embedded server's tuning, by default (values.yaml says the same numbers).
+    for name, value in SERVER_TUNING:
+        assert args[args.index(f"--{name}") + 1] == value, name
     assert env_of(container)["VALKEY_PASSWORD"]["valueFrom"] == {
         "secretKeyRef": {"name": "rel-airuntime-redis", "key": "password"}
     }
