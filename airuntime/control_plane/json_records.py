@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel
 from redis.exceptions import WatchError
 
-from airuntime.control_plane.parsed_records import ParsedRecords
+from airuntime.core.parsed_records import ParsedRecords
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.slots import ensure_transaction_slot
 
@@ -35,13 +35,16 @@ async def update_record(
     model: type[M],
     change: Callable[[M], M | None],
     also: Callable[[Any, list[tuple[M, M]]], None] | None = None,
+    records: ParsedRecords[M] | None = None,
 ) -> tuple[M, M] | None:
     """Replace the record at ``key`` by ``change(record)``; ``(before, after)``.
 
     None, and nothing written, when the key does not exist or ``change`` returns None.
     ``change`` may run more than once (once per conflicting write). ``also`` queues
-    further writes into the same transaction (:data:`AlsoWrite`).
+    further writes into the same transaction (:data:`AlsoWrite`); ``records`` as for
+    :func:`update_records`.
     """
+    parse = records.parse if records is not None else model.model_validate_json
     while True:
         async with redis.pipeline(transaction=True) as pipe:
             try:
@@ -49,16 +52,19 @@ async def update_record(
                 raw = await pipe.get(key)
                 if raw is None:
                     return None
-                before = model.model_validate_json(raw)
+                before = parse(raw)
                 after = change(before)
                 if after is None:
                     return None
                 pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.set(key, after.model_dump_json())
+                text = after.model_dump_json()
+                pipe.set(key, text)
                 if also is not None:
                     also(pipe, [(before, after)])
                 ensure_transaction_slot("update_record", pipe, key)
                 await pipe.execute()
+                if records is not None:
+                    records.written(text, after)
                 return before, after
             except WatchError:
                 continue

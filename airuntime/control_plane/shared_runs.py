@@ -35,9 +35,9 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from airuntime.control_plane.json_records import update_record, update_records
-from airuntime.control_plane.parsed_records import ParsedRecords
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.parsed_records import ParsedRecords
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptCall, library
@@ -283,6 +283,7 @@ class SharedRunStore:
             keys.shared_run(shared_run_id),
             SharedRun,
             lambda run: run.model_copy(update={**changes, "updated_at_ms": _now()}),
+            records=_PARSED,
         )
         if updated is None:
             raise KeyError(f"shared run {shared_run_id} does not exist")
@@ -314,7 +315,9 @@ class SharedRunStore:
             return moved
 
         key = keys.shared_run(shared_run_id)
-        updated = await update_record(self.redis, key, SharedRun, apply, also=_index_terminal)
+        updated = await update_record(
+            self.redis, key, SharedRun, apply, also=_index_terminal, records=_PARSED
+        )
         if updated is not None:
             before, after = updated
             return Transition(after, moved=before.status is not after.status)

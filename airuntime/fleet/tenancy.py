@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import functools
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from airuntime.core.context import DEFAULT_TENANT
+from airuntime.core.parsed_records import ParsedRecords
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
@@ -101,12 +102,14 @@ def default_settings(tenant_id: str) -> TenantSettings:
     return TenantSettings(tenant_id=tenant_id)
 
 
-@functools.lru_cache(maxsize=1024)
+_PARSED: Final = ParsedRecords(TenantSettings, entries=1024)
+
+
 def parse_settings(raw: bytes | str) -> TenantSettings:
     """Stored settings parsed once per distinct stored text (the cache key is the text
     itself, so a changed setting is seen at the next read; a malformed one raises every
-    time, as exceptions are not cached)."""
-    return TenantSettings.model_validate_json(raw)
+    time, as only parsed records are kept)."""
+    return _PARSED.parse(raw)
 
 
 def is_visible(

@@ -6,10 +6,11 @@ kilobytes of JSON) is read and parsed at every step of its life in the control p
 the pump's claim, the dispatch transaction, the outcome's transition, the
 reconciler's pass. Most of those reads return exactly the text the step before
 wrote, and pydantic's parse of it was about a tenth of the control plane's CPU per
-dispatched run. The records are frozen models, so one parsed instance can serve every
-reader of the same text. The key is the text itself, so any change, by this process
-or another, is a different key and is parsed afresh: the cache can be stale only
-about text nobody stores any more. It is bounded by count and by size: the newest
+dispatched run. A tenant's settings are read by submit, admission, intake and start
+of every run and change rarely. The records are frozen models, so one parsed
+instance can serve every reader of the same text. The key is the text itself, so any
+change, by this process or another, is a different key and is parsed afresh: the cache
+can be stale only about text nobody stores any more. It is bounded by count and by size: the newest
 ``entries`` texts holding at most ``total_bytes`` together, none over ``max_bytes`` (a
 larger record is parsed every time, never kept).
 """

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
+from redis.asyncio import Redis
 
-from airuntime.control_plane.parsed_records import ParsedRecords
-from airuntime.control_plane.shared_runs import SharedRun, parse_shared_run
+from airuntime.control_plane.shared_runs import SharedRun, SharedRunStore, parse_shared_run
+from airuntime.core import keys
+from airuntime.core.parsed_records import ParsedRecords
 
 
 class Rec(BaseModel):
@@ -71,13 +73,26 @@ def test_a_model_readers_could_change_is_refused() -> None:
         ParsedRecords(Mutable)
 
 
+_RAW = (
+    '{"shared_run_id":"sr-1","status":"QueuedGlobally","pipeline_id":"p","pipeline":{},'
+    '"snapshot":{"tenant_id":"t"},"created_at_ms":1,"updated_at_ms":1}'
+)
+
+
 def test_a_shared_run_cannot_be_changed_in_place() -> None:
-    raw = (
-        '{"shared_run_id":"sr-1","status":"QueuedGlobally","pipeline_id":"p","pipeline":{},'
-        '"snapshot":{"tenant_id":"t"},"created_at_ms":1,"updated_at_ms":1}'
-    )
+    raw = _RAW
     run = parse_shared_run(raw)
     assert parse_shared_run(raw.encode()) is run
     with pytest.raises(ValidationError, match="frozen"):
         run.status = run.status  # type: ignore[misc]
     assert isinstance(run, SharedRun)
+
+
+async def test_a_record_one_update_wrote_is_read_back_without_a_parse(redis: Redis) -> None:
+    store = SharedRunStore(redis)
+    srid = store.new_id()
+    await store.create(parse_shared_run(_RAW.replace("sr-1", srid)))
+    updated = await store.update(srid, reason="checked")
+    stored = await redis.get(keys.shared_run(srid))
+    assert parse_shared_run(stored) is updated, "the text the update wrote is kept"
+    assert updated.reason == "checked"
