@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,7 +86,8 @@ def demo(
     console.print(
         "[bold]1.[/bold] starting `airt up` (embedded Valkey + control plane + local scaler)"
     )
-    proc, state = _start_local_stack()
+    proc, state, home = _start_local_stack()
+    ok = False
     try:
         console.print(
             "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
@@ -95,13 +97,24 @@ def demo(
             "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
         )
         results = _demo_follow(state, submitted)
+        ok = _demo_report(submitted, results)
     finally:
         console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
         _stop_local_stack(proc)
-    raise typer.Exit(EXIT_OK if _demo_report(submitted, results) else EXIT_FAILED)
+        _leave_home(home, keep=not ok)
+    raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)
 
 
-def _start_local_stack() -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def _leave_home(home: Path, *, keep: bool) -> None:
+    """A demo that worked leaves nothing behind; one that did not keeps its logs and
+    history database and says where they are."""
+    if keep:
+        console.print(f"   the demo's logs and history are kept in {home}", soft_wrap=True)
+    else:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _start_local_stack() -> tuple[subprocess.Popen[bytes], dict[str, Any], Path]:
     """`airt up` in a private AIRUNTIME_HOME (own embedded Valkey); its state file."""
     home = Path(tempfile.mkdtemp(prefix="airt-demo-"))
     env = {**os.environ, HOME_ENV: str(home), "COLUMNS": "120"}
@@ -119,9 +132,10 @@ def _start_local_stack() -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop_local_stack(proc)
             err = proc.stderr.read().decode() if proc.stderr else ""
+            _leave_home(home, keep=True)
             raise invalid(f"airt up did not start: {err[-2000:]}")
         time.sleep(0.1)
-    return proc, json.loads(state_path.read_text())
+    return proc, json.loads(state_path.read_text()), home
 
 
 def _stop_local_stack(proc: subprocess.Popen[bytes]) -> None:

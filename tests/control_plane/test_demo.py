@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)
-def test_demo_places_each_tenant_on_its_own_runtime_through_scale_out() -> None:
+def test_demo_places_each_tenant_on_its_own_runtime_through_scale_out(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "AIRUNTIME_REDIS_URL"}
+    env["TMPDIR"] = str(tmp_path)  # where the demo makes its private home
     env["COLUMNS"] = "80"  # a newcomer's terminal: every line must still be whole
     result = subprocess.run(
         [sys.executable, "-m", "airuntime.cli", "demo"],
@@ -39,3 +40,4 @@ def test_demo_places_each_tenant_on_its_own_runtime_through_scale_out() -> None:
     assert len(submits) == 3 and all(line.endswith(": ScaleOutRequested") for line in submits), (
         result.stderr
     )
+    assert list(tmp_path.iterdir()) == [], "a demo that worked leaves nothing behind"
