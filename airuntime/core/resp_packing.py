@@ -31,13 +31,20 @@ from collections.abc import Iterable
 from typing import Any, TypeVar, cast
 
 import hiredis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["HiredisPacking", "TaskFreeSend", "hiredis_connection_class", "use_hiredis_packing"]
+__all__ = [
+    "BufferedRead",
+    "HiredisPacking",
+    "TaskFreeSend",
+    "hiredis_connection_class",
+    "use_hiredis_packing",
+]
 
 
 class HiredisPacking:
@@ -114,18 +121,94 @@ class TaskFreeSend(AbstractConnection):
             raise
 
 
+class BufferedRead(AbstractConnection):
+    """Mixin for a redis-py asyncio connection class: a reply already complete in the
+    hiredis reader's buffer is returned without making a timeout (nothing can wait);
+    any other read is redis-py's, bounded by ``socket_timeout``. The reply is handled as
+    redis-py's hiredis parser and connection handle it, in their order: a connection
+    error drops the connection and is raised, a push notification goes to its handler,
+    a server error reply is raised as :class:`~redis.exceptions.ResponseError`."""
+
+    async def read_response(
+        self,
+        disable_decoding: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 (redis-py's signature)
+        *,
+        disconnect_on_error: bool = True,
+        push_request: bool | None = False,
+    ) -> Any:
+        parser = self._parser
+        if (
+            timeout is None
+            and type(parser) is _AsyncHiredisParser
+            and getattr(parser, "_connected", False)
+        ):
+            reader: Any = parser._reader  # a hiredis.Reader once connected
+            try:
+                reply = reader.gets(False) if disable_decoding else reader.gets()
+            except BaseException:  # a protocol error: the stream cannot be trusted
+                if disconnect_on_error:
+                    await self.disconnect(nowait=True)
+                raise
+            if reply is not NOT_ENOUGH_DATA:
+                return await self._buffered_reply(
+                    parser, reply, disable_decoding, disconnect_on_error, bool(push_request)
+                )
+        return await super().read_response(
+            disable_decoding,
+            timeout,
+            disconnect_on_error=disconnect_on_error,
+            push_request=push_request,
+        )
+
+    async def _buffered_reply(
+        self,
+        parser: _AsyncHiredisParser,
+        reply: Any,
+        disable_decoding: bool,
+        disconnect_on_error: bool,
+        push_request: bool,
+    ) -> Any:
+        push_type = parser._hiredis_PushNotificationType
+        if push_type is not None and isinstance(reply, push_type):
+            try:
+                reply = await parser.handle_push_response(reply)
+            except BaseException:
+                if disconnect_on_error:
+                    await self.disconnect(nowait=True)
+                raise
+            if not push_request:
+                return await self.read_response(
+                    disable_decoding, disconnect_on_error=disconnect_on_error
+                )
+            return reply
+        if isinstance(reply, RedisConnectionError) or (
+            isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError)
+        ):
+            if disconnect_on_error:
+                await self.disconnect(nowait=True)
+            raise reply if isinstance(reply, RedisConnectionError) else reply[0]
+        if self.health_check_interval:
+            self.next_health_check = asyncio.get_running_loop().time() + self.health_check_interval
+        if isinstance(reply, ResponseError):
+            raise reply from None
+        return reply
+
+
 C = TypeVar("C", bound=AbstractConnection)
 
 _FAST: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
 def hiredis_connection_class(cls: type[C]) -> type[C]:
-    """``cls`` (a redis-py asyncio connection class) packing with hiredis and sending
-    without a Task."""
+    """``cls`` (a redis-py asyncio connection class) packing with hiredis, sending
+    without a Task and reading buffered replies without a timeout."""
     if issubclass(cls, HiredisPacking):
         return cls
     if cls not in _FAST:
-        _FAST[cls] = type(f"Hiredis{cls.__name__}", (HiredisPacking, TaskFreeSend, cls), {})
+        _FAST[cls] = type(
+            f"Hiredis{cls.__name__}", (HiredisPacking, TaskFreeSend, BufferedRead, cls), {}
+        )
     return cast(type[C], _FAST[cls])
 
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
-from redis.exceptions import DataError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.core.redis_client import CountingRedisCluster, connect
@@ -192,3 +192,59 @@ def _stuck(conn: Any) -> bool:
     """The connection's transport holds bytes the kernel did not take."""
     writer = conn._writer
     return writer is not None and writer.transport.get_write_buffer_size() > 0
+
+
+async def test_replies_already_buffered_are_read_without_a_timeout(
+    redis_server: RedisServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py makes a timeout per reply; a pipeline's replies after the first arrive
+    # in the same socket read, so there is nothing to bound. Errors stay in place.
+    import redis.asyncio.connection as redis_connection
+
+    client = connect(redis_server.url, socket_timeout=5)
+    made = 0
+    real_timeout = redis_connection.async_timeout
+
+    def counting_timeout(delay: float | None) -> asyncio.Timeout:
+        nonlocal made
+        made += 1
+        return real_timeout(delay)
+
+    try:
+        await client.set("packing:text", "not a number")
+        monkeypatch.setattr(redis_connection, "async_timeout", counting_timeout)
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(25):
+                pipe.set(f"packing:read:{i}", i)
+            pipe.incr("packing:text")  # an error reply in the middle
+            for i in range(25):
+                pipe.get(f"packing:read:{i}")
+            replies = await pipe.execute(raise_on_error=False)
+        monkeypatch.undo()
+    finally:
+        await client.aclose()
+    assert replies[:25] == [True] * 25
+    assert isinstance(replies[25], ResponseError) and "not an integer" in str(replies[25])
+    assert replies[26:] == [str(i).encode() for i in range(25)]
+    assert made < 10, f"{made} timeouts for 51 replies that came in one read"
+
+
+async def test_a_reply_from_a_frozen_server_still_times_out() -> None:
+    server = EmbeddedServer().start()
+    client = connect(server.url, socket_timeout=0.5)
+    try:
+        await client.set("packing:before", 1)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get("packing:before")
+                pipe.get("packing:before")
+                with pytest.raises(RedisTimeoutError, match="Timeout reading from"):
+                    await pipe.execute()
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert await client.get("packing:before") == b"1", "the client connects again"
+    finally:
+        await client.aclose()
+        server.stop()
