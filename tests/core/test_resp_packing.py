@@ -129,18 +129,11 @@ async def test_a_write_the_kernel_takes_makes_no_timeout(
     # Nothing to wait for: the bound is only made when drain() could block (the test
     # below shows that write still times out on a frozen server).
     client = connect(redis_server.url, socket_timeout=5)
-    made = 0
-    real_timeout = asyncio.timeout
-
-    def counting_timeout(delay: float | None) -> asyncio.Timeout:
-        nonlocal made
-        made += 1
-        return real_timeout(delay)
-
+    made = TimeoutCount(asyncio, "timeout")
     try:
         conn = await client.connection_pool.get_connection()
         try:
-            monkeypatch.setattr(asyncio, "timeout", counting_timeout)
+            made.install(monkeypatch)
             for i in range(50):
                 await conn.send_command("SET", f"packing:fast:{i}", i)
             monkeypatch.undo()
@@ -148,7 +141,7 @@ async def test_a_write_the_kernel_takes_makes_no_timeout(
         finally:
             await client.connection_pool.release(conn)
         assert replies == [b"OK"] * 50
-        assert made == 0, f"{made} Timeouts for 50 writes the kernel took at once"
+        assert made.count == 0, f"{made.count} Timeouts for 50 writes the kernel took at once"
         assert await client.get("packing:fast:49") == b"49"
     finally:
         await client.aclose()
@@ -188,6 +181,24 @@ async def test_a_write_to_a_frozen_server_times_out_or_is_cancelled_and_drops_th
         server.stop()
 
 
+class TimeoutCount:
+    """Counts the timeouts made through ``module.name`` (``asyncio.timeout`` or the
+    name redis-py imported it as) while installed."""
+
+    def __init__(self, module: Any, name: str) -> None:
+        self.module, self.name = module, name
+        self.real = getattr(module, name)
+        self.count = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(self.module, self.name, self._counting)
+
+    def _counting(self, delay: float | None) -> asyncio.Timeout:
+        self.count += 1
+        timeout: asyncio.Timeout = self.real(delay)
+        return timeout
+
+
 def _stuck(conn: Any) -> bool:
     """The connection's transport holds bytes the kernel did not take."""
     writer = conn._writer
@@ -202,17 +213,10 @@ async def test_replies_already_buffered_are_read_without_a_timeout(
     import redis.asyncio.connection as redis_connection
 
     client = connect(redis_server.url, socket_timeout=5)
-    made = 0
-    real_timeout = redis_connection.async_timeout
-
-    def counting_timeout(delay: float | None) -> asyncio.Timeout:
-        nonlocal made
-        made += 1
-        return real_timeout(delay)
-
+    made = TimeoutCount(redis_connection, "async_timeout")
     try:
         await client.set("packing:text", "not a number")
-        monkeypatch.setattr(redis_connection, "async_timeout", counting_timeout)
+        made.install(monkeypatch)
         async with client.pipeline(transaction=False) as pipe:
             for i in range(25):
                 pipe.set(f"packing:read:{i}", i)
@@ -226,7 +230,7 @@ async def test_replies_already_buffered_are_read_without_a_timeout(
     assert replies[:25] == [True] * 25
     assert isinstance(replies[25], ResponseError) and "not an integer" in str(replies[25])
     assert replies[26:] == [str(i).encode() for i in range(25)]
-    assert made < 10, f"{made} timeouts for 51 replies that came in one read"
+    assert made.count < 10, f"{made.count} timeouts for 51 replies that came in one read"
 
 
 async def test_a_reply_from_a_frozen_server_still_times_out() -> None:
