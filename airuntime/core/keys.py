@@ -206,6 +206,7 @@ key                                 type    content / written by
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -324,7 +325,8 @@ class ExecutionKeys:
         return f"{self.tag}:{suffix}"
 
     def all(self) -> list[str]:
-        return [f"{self.tag}:{s}" for s in EXECUTION_KEY_SUFFIXES]
+        tag = self.tag
+        return [f"{tag}:{s}" for s in EXECUTION_KEY_SUFFIXES]
 
     def for_script(self, num_keys: int) -> list[str]:
         """KEYS of an execution script taking ``num_keys`` keys: the execution's keys
@@ -378,6 +380,14 @@ class ExecutionKeys:
 
 def execution_keys(execution_id: str, buckets: int = 1) -> ExecutionKeys:
     return ExecutionKeys(execution_id, buckets)
+
+
+@functools.lru_cache(maxsize=4096)
+def script_keys(execution_id: str, buckets: int, num_keys: int) -> tuple[str, ...]:
+    """:meth:`ExecutionKeys.for_script`, kept for the executions in use: a worker calls a
+    script of the same execution for every batch it reports (every step of a chain),
+    and the 21+ key names are the same every time."""
+    return tuple(ExecutionKeys(execution_id, buckets).for_script(num_keys))
 
 
 def executions_index() -> str:

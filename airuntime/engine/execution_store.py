@@ -171,7 +171,7 @@ class ExecutionStore:
         return keys.execution_keys(execution_id, self.buckets)
 
     async def _call(self, name: str, execution_id: str, args: Sequence[Any]) -> Any:
-        script_keys = self.keys_of(execution_id).for_script(self.scripts[name].num_keys)
+        script_keys = keys.script_keys(execution_id, self.buckets, self.scripts[name].num_keys)
         reply = await self.calls.call(name, script_keys, args)
         if (
             isinstance(reply, list)
