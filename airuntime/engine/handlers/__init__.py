@@ -394,6 +394,25 @@ def is_async_handler(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(type(fn).__call__)
 
 
+_ASYNC_FLAGS: dict[int, tuple[Handler, bool]] = {}
+""":func:`is_async_handler` of the handlers invoked lately, by ``id`` (the entry keeps
+its handler alive, so the id is not reused while it is there)."""
+_ASYNC_FLAGS_MAX = 1024
+
+
+def _is_async_cached(fn: Handler) -> bool:
+    """:func:`is_async_handler`, asked once per handler instead of once per step (two
+    ``inspect`` calls every step otherwise)."""
+    entry = _ASYNC_FLAGS.get(id(fn))
+    if entry is not None and entry[0] is fn:
+        return entry[1]
+    flag = is_async_handler(fn)
+    if len(_ASYNC_FLAGS) >= _ASYNC_FLAGS_MAX:
+        _ASYNC_FLAGS.clear()
+    _ASYNC_FLAGS[id(fn)] = (fn, flag)
+    return flag
+
+
 async def invoke(fn: Handler, ctx: StepContext, executor: Executor | None = None) -> Any:
     """Run one handler attempt and return its output.
 
@@ -403,7 +422,7 @@ async def invoke(fn: Handler, ctx: StepContext, executor: Executor | None = None
     """
     current = _CURRENT_STEP.set(ctx)
     try:
-        if is_async_handler(fn):
+        if _is_async_cached(fn):
             return await fn(ctx)
         context = contextvars.copy_context()
         future = (executor or shared_executor()).submit(context.run, _run_unless_cancelled, fn, ctx)
