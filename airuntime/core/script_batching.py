@@ -9,6 +9,9 @@ one-step runs). :class:`ScriptBatcher` does what ioredis calls auto-pipelining: 
 queues itself and the queue is flushed at the end of the current loop turn, so the
 calls that many executions made in the same turn share one round trip (a pipeline
 without MULTI: each call is still atomic on its own, exactly as a lone EVALSHA is).
+The first caller of a queue flushes it; when no other call joined, it sends its call
+itself, so a lone call (every step of a chain, a runtime's only run) costs no sending
+task.
 
 What a caller sees does not change: its own reply, or its own error raised (a script
 error of another call in the batch is not its concern; a connection error reaches every
@@ -71,7 +74,12 @@ class ScriptBatcher:
         if not self._batching(loop):
             return await self.scripts.call(self.redis, name, keys, args)
         self.scripts.checked(name, keys)  # a malformed call fails its caller alone, now
-        [queued] = self._enqueue(loop, [ScriptCall(name, keys, args)])
+        [queued], leads = self._enqueue(loop, [ScriptCall(name, keys, args)])
+        if leads and await self._lead(queued.reply, alone_ok=True):
+            # Nobody else called in this loop turn: the call is sent from here, without
+            # a sending task and its extra loop turn (a cancel stops this call alone,
+            # as it would a lone EVALSHA).
+            return await self.scripts.call(self.redis, name, keys, args)
         return await queued.reply
 
     async def call_in_order(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -83,7 +91,9 @@ class ScriptBatcher:
             return await self.scripts.call_in_order(self.redis, calls)
         for c in calls:
             self.scripts.checked(c.name, c.keys)
-        queued = self._enqueue(loop, calls)
+        queued, leads = self._enqueue(loop, calls)
+        if leads:
+            await self._lead(queued[0].reply, alone_ok=False)
         replies = await asyncio.gather(*(q.reply for q in queued), return_exceptions=True)
         return raise_first_error(list(replies))
 
@@ -94,16 +104,37 @@ class ScriptBatcher:
 
     def _enqueue(
         self, loop: asyncio.AbstractEventLoop, calls: Sequence[ScriptCall]
-    ) -> list[_Queued]:
+    ) -> tuple[list[_Queued], bool]:
+        """Queue ``calls``; True when the queue was empty: the caller leads it
+        (:meth:`_lead`)."""
         self._loop = loop
         queued = [_Queued(c.name, c.keys, c.args, loop.create_future()) for c in calls]
-        if not self._queue:
-            loop.call_soon(self._flush)
+        leads = not self._queue
         self._queue.extend(queued)
-        return queued
+        return queued, leads
+
+    async def _lead(self, own: asyncio.Future[Any], *, alone_ok: bool) -> bool:
+        """The first caller of a queue waits one loop turn, so the calls made in this
+        turn join, then sends the queue with a task of its own; True (nothing sent)
+        when ``alone_ok`` and the queue holds only the leader's call, which it then
+        sends itself. A leader cancelled meanwhile still has the queue sent: the
+        others wait for it."""
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            own.cancel()
+            self._flush()
+            raise
+        if alone_ok and len(self._queue) == 1 and self._queue[0].reply is own:
+            self._queue = []
+            return True
+        self._flush()
+        return False
 
     def _flush(self) -> None:
         queue, self._queue = self._queue, []
+        if not queue:
+            return
         task = asyncio.ensure_future(self._send_all(queue))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)

@@ -10,7 +10,9 @@ caller leaves the others their answers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -117,6 +119,52 @@ async def test_a_cancelled_caller_leaves_the_others_their_answers(
     assert [d for i, d in enumerate(done) if i != 2] == [
         f"ok{i}".encode() for i in range(6) if i != 2
     ]
+
+
+async def test_a_cancelled_first_caller_still_has_the_others_sent(
+    redis: Redis, scripts: ScriptLibrary
+) -> None:
+    # The first caller of a queue sends it; cancelled before it does, the others wait on.
+    batcher = ScriptBatcher(redis, scripts)
+    calls = [
+        asyncio.ensure_future(batcher.call("refuseBad", ["air:{t}:x"], [f"ok{i}"]))
+        for i in range(4)
+    ]
+    await asyncio.sleep(0)  # every call is queued; the first waits for its turn to send
+    calls[0].cancel()
+    done = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(done[0], asyncio.CancelledError)
+    assert done[1:] == [b"ok1", b"ok2", b"ok3"]
+    alone = asyncio.ensure_future(batcher.call("refuseBad", ["air:{t}:x"], ["alone"]))
+    await asyncio.sleep(0)
+    alone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await alone
+    assert await batcher.call("refuseBad", ["air:{t}:x"], ["after"]) == b"after"
+
+
+async def test_a_lone_call_is_sent_by_its_caller(redis: Redis, scripts: ScriptLibrary) -> None:
+    # Nothing to share the round trip with: no sending task, no extra loop turn.
+    batcher = ScriptBatcher(redis, scripts)
+    await batcher.call("echoValue", ["air:{t}:count"], ["warm"])  # connect outside the count
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+
+    def counting_factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
+    ) -> asyncio.Task[Any]:
+        made.append(getattr(coro, "__qualname__", repr(coro)))
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
+    try:
+        replies = [await batcher.call("echoValue", ["air:{t}:count"], [f"v{i}"]) for i in range(5)]
+        together = await _released(3, lambda i: batcher.call("refuseBad", ["k"], [f"{i}"]))
+    finally:
+        loop.set_task_factory(None)
+    assert replies == [[f"v{i}".encode(), i + 2] for i in range(5)]
+    assert together == [b"0", b"1", b"2"]
+    assert made.count("ScriptBatcher._send_all") == 1, made
 
 
 APPEND = """--[[ KEYS[1] a list; ARGV[1] a value. RPUSH, returns the new length. ]]
