@@ -73,13 +73,13 @@ class ScriptBatcher:
         loop = asyncio.get_running_loop()
         if not self._batching(loop):
             return await self.scripts.call(self.redis, name, keys, args)
-        self.scripts.checked(name, keys)  # a malformed call fails its caller alone, now
+        script = self.scripts.checked(name, keys)  # a malformed call fails its caller alone
         [queued], leads = self._enqueue(loop, [ScriptCall(name, keys, args)])
         if leads and await self._lead(queued.reply, alone_ok=True):
             # Nobody else called in this loop turn: the call is sent from here, without
             # a sending task and its extra loop turn (a cancel stops this call alone,
             # as it would a lone EVALSHA).
-            return await self.scripts.call(self.redis, name, keys, args)
+            return await self.scripts.send(self.redis, script, keys, args)
         return await queued.reply
 
     async def call_in_order(self, calls: Sequence[ScriptCall]) -> list[Any]:

@@ -119,7 +119,12 @@ class ScriptLibrary:
     async def call(
         self, redis: RedisClient, name: str, keys: Sequence[KeyArg], args: Sequence[Arg] = ()
     ) -> Any:
-        script = self.checked(name, keys)
+        return await self.send(redis, self.checked(name, keys), keys, args)
+
+    async def send(
+        self, redis: RedisClient, script: LuaScript, keys: Sequence[KeyArg], args: Sequence[Arg]
+    ) -> Any:
+        """:meth:`call` of a call whose keys :meth:`checked` has passed."""
         try:
             return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
         except NoScriptError:
