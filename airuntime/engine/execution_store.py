@@ -44,7 +44,7 @@ EARLY_CANCEL_KEPT = 2
 
 
 def _i(value: Any) -> int:
-    return int(value.decode() if isinstance(value, bytes) else value)
+    return int(value)  # int() takes the bytes of a bulk reply ("12") as they are
 
 
 class CreateOptions(TypedDict, total=False):

@@ -95,7 +95,8 @@ class Participation:
         self.run_inputs = run_inputs
         self.tenant_id = tenant_id
         self.free = workers
-        self.idle_workers = list(range(workers - 1, -1, -1))
+        self.idle_workers = [f"{pool.pool_id}/w{i}" for i in range(workers - 1, -1, -1)]
+        """The names of the worker slots free now (the last is taken first)."""
         self.running: dict[str, StepRun] = {}
         self.completions: list[Report] = []
         self.stops: list[Report] = []
@@ -244,7 +245,7 @@ class Participation:
     def _spawn(self, claim: Claim, lease: tuple[str, str, int] | None, sent: float) -> None:
         self.stats.claimed += 1
         self.free -= 1
-        worker = f"{self.pool.pool_id}/w{self.idle_workers.pop()}"
+        worker = self.idle_workers.pop()
         run = StepRun(self, claim, worker, sent + self._lease_s, lease)
         self.running[claim.step_id] = run
         run.start()
@@ -378,7 +379,7 @@ class Participation:
 
     def attempt_ended(self, run: StepRun, outcome: AttemptOutcome, seconds: float) -> None:
         self.running.pop(run.claim.step_id, None)
-        self.idle_workers.append(int(run.worker.rsplit("/w", 1)[1]))
+        self.idle_workers.append(run.worker)
         if outcome is not AttemptOutcome.COMPLETED:
             self.free += 1  # a completion keeps its slot until its batch is flushed
         if self.pool.observer is not None:
