@@ -65,3 +65,23 @@ async def test_an_async_handler_is_left_to_its_task() -> None:
     c = ctx()
     assert c.mark_cancelled() is False
     assert c.is_cancelled() and c.wait_cancelled(0)
+
+
+async def test_an_async_handler_waiting_on_cancelled_is_woken() -> None:
+    # The event is made when first asked for: before the cancel it wakes its waiter,
+    # after the cancel it is made already set.
+    c = ctx()
+    started = asyncio.Event()
+
+    async def handler(context: StepContext) -> str:
+        started.set()
+        await context.cancelled.wait()
+        return "stopped when told"
+
+    task = asyncio.create_task(invoke(handler, c))
+    await started.wait()
+    assert c.mark_cancelled() is False, "no thread: an async handler"
+    assert await task == "stopped when told"
+    late = ctx()
+    late.mark_cancelled()
+    assert late.cancelled.is_set()

@@ -147,10 +147,6 @@ class StepContext:
     inputs: Any
     pipeline_id: str
     tenant_id: str | None = None
-    #: Set by the engine when the execution is cancelled, the lease is lost or the step
-    #: timed out.  Async handlers can ``await`` it; sync handlers (in a thread) use
-    #: :meth:`is_cancelled` / :meth:`wait_cancelled`, which are thread-safe.
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     fencing_token: str = ""
     """The claim token this attempt runs under (see the module doc)."""
     fencing_seq: int = 0
@@ -159,6 +155,21 @@ class StepContext:
     _cancel_flag: threading.Event | None = field(default=None, repr=False)
     """Created only when a sync handler waits (wait_cancelled): most attempts never do."""
     _thread_future: Future[Any] | None = field(default=None, repr=False)
+    _cancelled_event: asyncio.Event | None = field(default=None, repr=False)
+    """Made when :attr:`cancelled` is first asked for: most attempts never ask."""
+
+    @property
+    def cancelled(self) -> asyncio.Event:
+        """Set by the engine when the execution is cancelled, the lease is lost or the
+        step timed out. Async handlers can ``await`` it; sync handlers (in a thread) use
+        :meth:`is_cancelled` / :meth:`wait_cancelled`, which are thread-safe."""
+        with _CANCEL_LOCK:
+            event = self._cancelled_event
+            if event is None:
+                event = self._cancelled_event = asyncio.Event()
+                if self._cancel_requested:
+                    event.set()
+        return event
 
     @property
     def idempotency_key(self) -> str:
@@ -191,9 +202,11 @@ class StepContext:
         with _CANCEL_LOCK:
             self._cancel_requested = True
             flag = self._cancel_flag
+            event = self._cancelled_event
         if flag is not None:
             flag.set()
-        self.cancelled.set()
+        if event is not None:
+            event.set()
         future = self._thread_future
         if future is None or future.cancel():
             return False
