@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from airuntime.core.redis_client import CountingRedisCluster, connect
 from airuntime.core.resp_packing import HiredisPacking, use_hiredis_packing
 from airuntime.devstack.embedded import EmbeddedServer
 from tests.conftest import RedisServerInfo
+from tests.task_counting import tasks_started
 
 PYTHON = Connection()
 HIREDIS = use_hiredis_packing(Redis()).connection_pool.connection_class()
@@ -98,27 +98,17 @@ async def test_a_cluster_client_packs_with_hiredis_on_every_node(
 async def test_a_send_starts_no_task(redis_server: RedisServerInfo) -> None:
     # redis-py bounds each write by asyncio.wait_for, a new Task per command on 3.11.
     client = connect(redis_server.url, socket_timeout=5)
-    loop = asyncio.get_running_loop()
-    made: list[str] = []
-
-    def counting_factory(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
-    ) -> asyncio.Task[Any]:
-        made.append(getattr(coro, "__qualname__", repr(coro)))
-        return asyncio.Task(coro, loop=loop, **kw)
-
     try:
         await client.ping()  # connect outside the count
-        loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
-        for i in range(50):
-            await client.set(f"packing:send:{i}", i)
-        async with client.pipeline(transaction=False) as pipe:
+        with tasks_started() as made:
             for i in range(50):
-                pipe.get(f"packing:send:{i}")
-            values = await pipe.execute()
+                await client.set(f"packing:send:{i}", i)
+            async with client.pipeline(transaction=False) as pipe:
+                for i in range(50):
+                    pipe.get(f"packing:send:{i}")
+                values = await pipe.execute()
         assert values == [str(i).encode() for i in range(50)]
     finally:
-        loop.set_task_factory(None)
         await client.aclose()
     assert "AbstractConnection._send_packed_command" not in made, made
 

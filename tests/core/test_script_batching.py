@@ -10,9 +10,7 @@ caller leaves the others their answers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -22,6 +20,7 @@ from redis.exceptions import ResponseError
 from airuntime.core.errors import ScriptError
 from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary
+from tests.task_counting import tasks_started
 
 ECHO = """--[[ KEYS[1] a counter; ARGV[1] a value. Returns {value, counter after INCR}. ]]
 return {ARGV[1], redis.call('INCR', KEYS[1])}
@@ -147,21 +146,9 @@ async def test_a_lone_call_is_sent_by_its_caller(redis: Redis, scripts: ScriptLi
     # Nothing to share the round trip with: no sending task, no extra loop turn.
     batcher = ScriptBatcher(redis, scripts)
     await batcher.call("echoValue", ["air:{t}:count"], ["warm"])  # connect outside the count
-    loop = asyncio.get_running_loop()
-    made: list[str] = []
-
-    def counting_factory(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
-    ) -> asyncio.Task[Any]:
-        made.append(getattr(coro, "__qualname__", repr(coro)))
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
-    try:
+    with tasks_started() as made:
         replies = [await batcher.call("echoValue", ["air:{t}:count"], [f"v{i}"]) for i in range(5)]
         together = await _released(3, lambda i: batcher.call("refuseBad", ["k"], [f"{i}"]))
-    finally:
-        loop.set_task_factory(None)
     assert replies == [[f"v{i}".encode(), i + 2] for i in range(5)]
     assert together == [b"0", b"1", b"2"]
     assert made.count("ScriptBatcher._send_all") == 1, made
