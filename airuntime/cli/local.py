@@ -87,6 +87,8 @@ def demo(
         "[bold]1.[/bold] starting `airt up` (embedded Valkey + control plane + local scaler)"
     )
     proc, state, home = _start_local_stack()
+    results: dict[str, dict[str, Any]] = {}
+    submitted: dict[str, str] = {}
     ok = False
     try:
         console.print(
@@ -97,10 +99,11 @@ def demo(
             "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
         )
         results = _demo_follow(state, submitted)
-        ok = _demo_report(submitted, results)
     finally:
         console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
         _stop_local_stack(proc)
+        # The report's last line says whether the demo worked: it comes last.
+        ok = bool(submitted) and _demo_report(submitted, results)
         _leave_home(home, keep=not ok)
     raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)
 
