@@ -44,12 +44,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
+from airuntime.control_plane.instance_view import InstanceView, InstanceViews
 from airuntime.control_plane.suspects import SuspectMarks
 from airuntime.core import keys
 from airuntime.core.context import DEFAULT_TENANT, current_context
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
-from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus, Registry
+from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
 
@@ -167,6 +168,7 @@ class Admission:
         self.reservation_grace_ms = reservation_grace_ms
         self.scripts = scripts or library()
         self.suspects = suspects or SuspectMarks(redis, scripts=self.scripts)
+        self.views = InstanceViews(redis)
         self._rotation = 0
 
     async def admit(self, *, target: str | None = None) -> AdmissionResult:
@@ -175,15 +177,16 @@ class Admission:
         ``target`` restricts the choice to one instance (tests that need a
         pump-local dispatch inject it explicitly; the pump's own identity never is one).
         """
-        tenant, visible = await self._visible(target)
-        candidates = [d for d in self._ordered(visible, tenant) if free_run_slots(d) > 0]
+        view = await self._view(target)
+        tenant = view.tenant
+        candidates = [d for d in self._ordered(view.visible, tenant) if free_run_slots(d) > 0]
         if candidates:
-            reservation = await self._reserve_first(candidates)
+            reservation = await self._reserve_first(view, candidates)
             if reservation is not None:
                 return Assign(tenant, reservation[0], reservation[1])
         if target is not None:
             return NotAssigned(Decision.QUEUE, tenant, f"target {target} cannot accept now")
-        own = await self.registry.list_by_prefix(tenant.runtime_prefix)
+        own = [d for d in view.descriptors if d.runtime_prefix == tenant.runtime_prefix]
         if self.scale_out_enabled and len(own) < tenant.max_instances:
             return NotAssigned(
                 Decision.SCALE_OUT,
@@ -193,7 +196,7 @@ class Admission:
                     f"{tenant.runtime_prefix} instances"
                 ),
             )
-        if not visible and tenant.max_instances == 0:
+        if not view.visible and tenant.max_instances == 0:
             return NotAssigned(
                 Decision.REJECT,
                 tenant,
@@ -201,33 +204,26 @@ class Admission:
             )
         return NotAssigned(Decision.QUEUE, tenant, "no visible runtime can accept the run now")
 
-    async def _visible(self, target: str | None) -> tuple[TenantSettings, list[InstanceDescriptor]]:
-        """The current context's tenant and the ready instances it may use (``target``:
-        only that one)."""
+    async def _view(self, target: str | None) -> InstanceView:
+        """The current context's tenant, the Ready instances it may use (``target``: only
+        that one), their marks and ages: one round trip as a rule
+        (:mod:`~airuntime.control_plane.instance_view`)."""
         ctx = current_context()
         tenant_id = ctx.tenant_id if ctx is not None else DEFAULT_TENANT
-        tenant = await self.registry.tenant(tenant_id)
-        if ctx is not None and ctx.tenant_group_id and tenant.tenant_group_id is None:
-            tenant = tenant.model_copy(update={"tenant_group_id": ctx.tenant_group_id})
-        visible = [
-            d for d in await self.registry.list_visible(tenant) if d.status is InstanceStatus.READY
-        ]
-        if target is not None:
-            visible = [d for d in visible if d.instance_id == target]
-        return tenant, visible
+        group = ctx.tenant_group_id if ctx is not None else None
+        return await self.views.read(tenant_id, target=target, group_id=group)
 
     async def admit_many(self, count: int, *, target: str | None = None) -> list[Assign]:
         """Place and reserve up to ``count`` runs of the current context (a pump's batch),
         spread by free capacity (:func:`plan_placement`). Fewer (maybe none) when the
         visible instances have no more room; the caller decides for the rest with
         :meth:`admit` (scale-out, queue, reject)."""
-        tenant, visible = await self._visible(target)
-        ordered = [d for d in self._ordered(visible, tenant) if room(d) > 0]
+        view = await self._view(target)
+        tenant, failing, ages = view.tenant, view.failing, view.ages_ms
+        ordered = [d for d in self._ordered(view.visible, tenant) if room(d) > 0]
         if not ordered or count < 1:
             return []
-        ids = [d.instance_id for d in ordered]
-        (suspect, failing), ages = await self.suspects.state(ids), await self._ages(ordered)
-        usable = [d for d in ordered if d.instance_id not in suspect]
+        usable = [d for d in ordered if d.instance_id not in view.suspect]
         prefer_own = tenant.prefer_dedicated or tenant.isolation_mode is not IsolationMode.SHARED
         groups = [
             [d for d in usable if (d.isolation_mode is not IsolationMode.SHARED) == own]
@@ -286,17 +282,15 @@ class Admission:
         return sorted(visible, key=key)
 
     async def _reserve_first(
-        self, candidates: list[InstanceDescriptor]
+        self, view: InstanceView, candidates: list[InstanceDescriptor]
     ) -> tuple[InstanceDescriptor, Reservation] | None:
         """Reserve on the first candidate that is not suspect and has room."""
-        ids = [d.instance_id for d in candidates]
-        (suspect, failing), ages = await self.suspects.state(ids), await self._ages(candidates)
         for d in candidates:
-            if d.instance_id in suspect:
+            if d.instance_id in view.suspect:
                 continue
-            reservation = await self._reserve(d, ages.get(d.instance_id, -1))
+            reservation = await self._reserve(d, view.ages_ms.get(d.instance_id, -1))
             if reservation is not None:
-                if d.instance_id in failing:
+                if d.instance_id in view.failing:
                     reservation = Reservation(
                         reservation.instance_id,
                         reservation.reservation_id,
@@ -305,23 +299,6 @@ class Admission:
                     )
                 return d, reservation
         return None
-
-    async def _ages(self, candidates: list[InstanceDescriptor]) -> dict[str, int]:
-        """How long ago (Redis time, ms) each descriptor was published: the TTL it was
-        written with (its registry score less its heartbeat stamp, both from the
-        instance's own clock) less the TTL its key has left."""
-        pipe = self.redis.pipeline(transaction=False)
-        for d in candidates:
-            pipe.zscore(keys.instances(), d.instance_id)
-            pipe.pttl(keys.instance(d.instance_id))
-        replies = await pipe.execute()
-        ages: dict[str, int] = {}
-        for d, score, left in zip(candidates, replies[0::2], replies[1::2], strict=True):
-            if score is None or int(left) < 0:
-                continue
-            written_with = int(float(score)) - d.heartbeat_at_ms
-            ages[d.instance_id] = max(0, written_with - int(left))
-        return ages
 
     async def _reserve(self, d: InstanceDescriptor, age_ms: int) -> Reservation | None:
         reply: Any = await self.scripts.call(

@@ -14,12 +14,12 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime.control_plane.admission import Decision
+from airuntime.control_plane.instance_view import InstanceView
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.core.context import ExecutionContextSnapshot, current_context, use_context
-from airuntime.fleet.registry import InstanceDescriptor, Registry
-from airuntime.fleet.tenancy import TenantSettings
+from airuntime.fleet.registry import Registry
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
@@ -107,13 +107,13 @@ async def test_admission_lists_capacity_under_the_restored_snapshot_not_the_ambi
 ) -> None:
     await Registry(redis).put_tenant(TENANT_A)
     listed: list[tuple[str, ExecutionContextSnapshot | None]] = []
-    real_list = cp.admission.registry.list_visible
+    real_read = cp.admission.views.read
 
-    async def list_visible(tenant: TenantSettings) -> list[InstanceDescriptor]:
-        listed.append((tenant.tenant_id, current_context()))
-        return await real_list(tenant)
+    async def read(tenant_id: str, **kwargs: Any) -> InstanceView:
+        listed.append((tenant_id, current_context()))
+        return await real_read(tenant_id, **kwargs)
 
-    monkeypatch.setattr(cp.admission.registry, "list_visible", list_visible)
+    monkeypatch.setattr(cp.admission.views, "read", read)
     shared = RuntimeHost(redis, SHARED_RUNTIME, instance_ids=["runtime-instance-1"])
     dedicated = RuntimeHost(redis, TENANT_A_RUNTIME, instance_ids=["tenant-a-runtime-1"])
     snap_a = snap("tenant-a", user_id="alice", project="proj-a", context_key="rbac-a")
