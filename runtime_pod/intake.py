@@ -20,8 +20,9 @@ has, whatever the instance's state: the SharedRunId is claimed by one script
 (``acceptRun-4.lua``; the queue push follows).
 
 :func:`accept_runs` is the batch form a pump's delivery uses (one call carrying N
-runs): the same checks per run, each tenant's settings read once and each distinct
-pipeline compiled once per batch, and every acceptance script sent in one round trip.
+runs): the same checks per run, each tenant's settings, every SharedRunId's existing
+RunId and the queue's length read in one round trip, each distinct pipeline compiled
+once per batch, and every acceptance script sent in one round trip.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from airuntime.core import keys
 from airuntime.core.errors import AirError
+from airuntime.core.reply_text import reply_text
 from airuntime.core.validation import format_validation_error
 from airuntime.engine.pipeline import PipelineError
 from airuntime.fleet.run_index import QueueFull, SharedRunConflict
 from airuntime.fleet.runs import RunRequest
-from airuntime.fleet.tenancy import TenantSettings
+from airuntime.fleet.tenancy import TenantSettings, default_settings, parse_settings
 
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance
@@ -102,12 +105,7 @@ async def accept_runs(
             parsed.append((i, parse_request(raw)))
         except RunRefused as exc:
             out[i] = exc
-    tenants: dict[str, TenantSettings] = {}
-    for _, request in parsed:
-        tid = request.snapshot.tenant_id
-        if tid not in tenants:
-            tenants[tid] = await inst.registry.tenant(tid)
-    existing = await inst.index.runs_for_shared([r.shared_run_id for _, r in parsed])
+    tenants, existing, queued = await _read_batch(inst, [r for _, r in parsed])
     owners = await inst.index.tenants_of([e for e in existing if e is not None])
     owner_of = dict(zip([e for e in existing if e is not None], owners, strict=True))
     new: list[tuple[int, RunRequest]] = []
@@ -126,7 +124,10 @@ async def accept_runs(
             continue
         new.append((i, request))
     answers = await inst.index.accept_many(
-        inst.instance_id, [r for _, r in new], queue_capacity=inst.config.queue_capacity
+        inst.instance_id,
+        [r for _, r in new],
+        queue_capacity=inst.config.queue_capacity,
+        queued=queued,
     )
     for (i, _), answer in zip(new, answers, strict=True):
         if isinstance(answer, QueueFull):
@@ -136,6 +137,29 @@ async def accept_runs(
         else:
             out[i] = answer
     return [a for a in out if a is not None]
+
+
+async def _read_batch(
+    inst: RuntimeInstance, requests: list[RunRequest]
+) -> tuple[dict[str, TenantSettings], list[str | None], int]:
+    """What a batch's checks read, in one round trip: each tenant's settings, the RunId
+    each SharedRunId already has (None: none yet) and the local queue's length (the
+    room :meth:`~airuntime.fleet.run_index.RunIndex.accept_many` gives out)."""
+    tenant_ids = sorted({r.snapshot.tenant_id for r in requests})
+    pipe = inst.redis.pipeline(transaction=False)
+    for tid in tenant_ids:
+        pipe.get(keys.tenant_settings(tid))
+    for r in requests:
+        pipe.get(keys.shared_run_to_run(r.shared_run_id, inst.index.buckets))
+    pipe.llen(inst.index.queue_key(inst.instance_id))
+    replies = await pipe.execute()
+    n = len(tenant_ids)
+    tenants = {
+        tid: default_settings(tid) if raw is None else parse_settings(raw)
+        for tid, raw in zip(tenant_ids, replies[:n], strict=True)
+    }
+    existing = [None if raw is None else reply_text(raw) for raw in replies[n:-1]]
+    return tenants, existing, int(replies[-1])
 
 
 def _same_tenant(request: RunRequest, run_id: str, owner: str | None) -> str:

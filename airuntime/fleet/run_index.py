@@ -141,22 +141,35 @@ class RunIndex:
         return answer
 
     async def accept_many(
-        self, instance_id: str, requests: list[RunRequest], *, queue_capacity: int = 2**31
+        self,
+        instance_id: str,
+        requests: list[RunRequest],
+        *,
+        queue_capacity: int = 2**31,
+        queued: int | None = None,
     ) -> list[tuple[str, bool] | QueueFull | SharedRunConflict]:
         """:meth:`accept` for a batch delivered to one instance, in one round trip per
         step (each run still accepted atomically on its own, in order; the created
-        ones are pushed to the queue in that order); one answer per request."""
-        return await self._accept_all(instance_id, requests, queue_capacity)
+        ones are pushed to the queue in that order); one answer per request.
+        ``queued``: the local queue's length, if the caller just read it (with the
+        batch's other reads); otherwise it is read here."""
+        return await self._accept_all(instance_id, requests, queue_capacity, queued)
 
     async def _accept_all(
-        self, instance_id: str, requests: list[RunRequest], capacity: int
+        self,
+        instance_id: str,
+        requests: list[RunRequest],
+        capacity: int,
+        queued: int | None = None,
     ) -> list[tuple[str, bool] | QueueFull | SharedRunConflict]:
         if not requests:
             return []
         await self._check_layout()
         # The queue is in another slot than the runs: its room is read first (a batch
         # takes room in order), the created runs are pushed after their scripts.
-        room = capacity - int(await self.redis.llen(self.queue_key(instance_id)))
+        if queued is None:
+            queued = int(await self.redis.llen(self.queue_key(instance_id)))
+        room = capacity - queued
         calls = [self._accept_call(instance_id, r, i < room) for i, r in enumerate(requests)]
         replies = await self.scripts.call_many(self.redis, "acceptRun", calls)
         created = [_s(r[1]) for r in replies if not isinstance(r, Exception) and int(r[0]) == 1]
