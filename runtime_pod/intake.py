@@ -2,8 +2,8 @@
 
 Why this module exists: a run reaches an instance by a local call, through its Redis
 inbox or through the HTTP intake, and pipeline authors are untrusted tenants. Every
-path ends in :func:`accept_run`, so every path refuses the same way, before anything
-is written:
+path ends in :func:`accept_runs` (:func:`accept_run` is its one-run form), so every
+path refuses the same way, before anything is written:
 
 * ``invalid`` -- the request does not validate (no ExecutionContextSnapshot, ...), or
   its pipeline does not compile with the registered handlers **and the tenant's
@@ -71,23 +71,12 @@ def parse_request(request: RunRequest | dict[str, Any]) -> RunRequest:
 
 
 async def accept_run(inst: RuntimeInstance, raw: RunRequest | dict[str, Any]) -> tuple[str, bool]:
-    """Check ``raw`` against ``inst`` and queue it; (RunId, created)."""
-    request = parse_request(raw)
-    tenant = await inst.registry.tenant(request.snapshot.tenant_id)
-    _check_visible(inst, tenant)
-    existing = await _existing_run(inst, request)
-    if existing is not None:
-        return existing, False
-    _check_open(inst)
-    _check_compiles(inst, request, tenant, {})
-    try:
-        return await inst.index.accept(
-            inst.instance_id, request, queue_capacity=inst.config.queue_capacity
-        )
-    except QueueFull as exc:
-        raise RunRefused(str(exc), reason="queue_full") from None
-    except SharedRunConflict as exc:
-        raise RunRefused(str(exc), reason="conflict") from None
+    """Check ``raw`` against ``inst`` and queue it; (RunId, created). Raises the
+    :class:`RunRefused` :func:`accept_runs` would answer for it."""
+    [answer] = await accept_runs(inst, [raw])
+    if isinstance(answer, RunRefused):
+        raise answer
+    return answer
 
 
 Accepted = tuple[str, bool] | RunRefused
@@ -219,19 +208,3 @@ def _check_visible(inst: RuntimeInstance, tenant: TenantSettings) -> None:
         f"instance {inst.instance_id} ({what}).",
         reason="not_visible",
     )
-
-
-async def _existing_run(inst: RuntimeInstance, request: RunRequest) -> str | None:
-    """The RunId of an earlier delivery of this SharedRunId, if its tenant is the
-    request's (a paused, full or stopping instance still answers a redelivery)."""
-    existing = await inst.index.run_for_shared(request.shared_run_id)
-    if existing is None:
-        return None
-    loaded = await inst.index.get_unchecked(existing)
-    if loaded is not None and loaded[0].tenant_id != request.snapshot.tenant_id:
-        raise RunRefused(
-            f"SharedRunId {request.shared_run_id} already has a run of another tenant; "
-            f"refused for tenant {request.snapshot.tenant_id}.",
-            reason="conflict",
-        )
-    return existing
