@@ -12,12 +12,16 @@ creates executions checks it before its first write (:func:`check_layout`).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 from airuntime.core import keys
 from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import RedisClient, is_cluster
 from airuntime.core.reply_text import reply_text
 
 __all__ = [
+    "LayoutGuard",
     "LayoutMismatch",
     "buckets_for",
     "check_layout",
@@ -61,3 +65,25 @@ async def check_recorded(client: RedisClient, key: str, buckets: int, what: str)
             "drained (or the keys migrated), not a restart with another URL."
         )
     return buckets
+
+
+class LayoutGuard:
+    """A layout check made once per client object, before its first write.
+
+    The first writes of a fresh runtime come together (a pool starting 64 executions at
+    once): they wait for the one check in flight instead of each making it (two round
+    trips apiece). A check that fails (:class:`LayoutMismatch`, a Redis error) is made
+    again by the next writer."""
+
+    def __init__(self, check: Callable[[], Awaitable[int]]) -> None:
+        self._check = check
+        self._done = False
+        self._lock = asyncio.Lock()
+
+    async def ensure(self) -> None:
+        if self._done:
+            return
+        async with self._lock:
+            if not self._done:
+                await self._check()
+                self._done = True

@@ -16,7 +16,7 @@ from typing import Any, TypedDict, Unpack
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import OK, ExecutionExists, ExecutionNotFound, ScriptError, error_for
-from airuntime.core.execution_layout import buckets_for, check_layout
+from airuntime.core.execution_layout import LayoutGuard, buckets_for, check_layout
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.script_batching import ScriptBatcher
@@ -164,7 +164,7 @@ class ExecutionStore:
         """The store's script calls, those of concurrent executions sent together."""
         self.buckets = buckets_for(redis)
         """Execution buckets of the layout (1 standalone; :mod:`airuntime.core.keys`)."""
-        self._layout_checked = False
+        self._layout = LayoutGuard(lambda: check_layout(redis))
 
     def keys_of(self, execution_id: str) -> keys.ExecutionKeys:
         """The keys of ``execution_id`` in this store's layout."""
@@ -213,9 +213,7 @@ class ExecutionStore:
         then_record = options.get("then_record")
         if then_record is not None:
             args += _entry(*then_record)
-        if not self._layout_checked:
-            await check_layout(self.redis)
-            self._layout_checked = True
+        await self._layout.ensure()
         reply = await self._call("createExecution", eid, args)
         if reply[0] == ExecutionExists.code:
             raise error_for(ExecutionExists.code, execution_id=eid)

@@ -51,6 +51,7 @@ from typing import Any
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import AirError, ScriptError
+from airuntime.core.execution_layout import LayoutGuard
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.run_layout import check_run_layout, new_run_id, run_buckets_for
@@ -103,7 +104,7 @@ class RunIndex:
         """Finishes of concurrent runs, sent together (:mod:`airuntime.core.script_batching`)."""
         self.retention_s = retention_s
         self.buckets = run_buckets_for(redis)
-        self._layout_checked = False
+        self._layout = LayoutGuard(lambda: check_run_layout(redis))
 
     def run_key(self, run_id: str) -> str:
         """The record of ``run_id`` in this client's layout."""
@@ -120,9 +121,7 @@ class RunIndex:
     # -- writes ------------------------------------------------------------------------
 
     async def _check_layout(self) -> None:
-        if not self._layout_checked:
-            await check_run_layout(self.redis)
-            self._layout_checked = True
+        await self._layout.ensure()
 
     async def accept(
         self, instance_id: str, request: RunRequest, *, queue_capacity: int = 2**31

@@ -4,6 +4,7 @@ switches layouts with data in place is refused."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -11,7 +12,7 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from airuntime.core import keys
-from airuntime.core.execution_layout import LayoutMismatch, buckets_for, check_layout
+from airuntime.core.execution_layout import LayoutGuard, LayoutMismatch, buckets_for, check_layout
 from airuntime.core.redis_client import CountingRedisCluster
 from airuntime.core.scripts import library
 from airuntime.engine.execution_store import ExecutionStore
@@ -61,3 +62,36 @@ async def test_switching_layout_with_data_in_place_is_refused(
     with pytest.raises(LayoutMismatch):
         await ExecutionStore(cluster_redis).create(plan_of({"a": []}), execution_id="e1")
     assert await cluster_redis.exists(*keys.execution_keys("e1", B).for_script(25)) == 0
+
+
+async def test_concurrent_first_writers_share_one_layout_check(redis: Redis) -> None:
+    """Fifty writers arrive while the first check is in flight (held open by a latch):
+    the check is made once; a failed check is made again by the next writer."""
+    checks = 0
+    release = asyncio.Event()
+    failing = True
+
+    async def check() -> int:
+        nonlocal checks
+        checks += 1
+        await release.wait()
+        if failing:
+            raise LayoutMismatch("recorded with another count")
+        return await check_layout(redis)
+
+    guard = LayoutGuard(check)
+    first = [asyncio.ensure_future(guard.ensure()) for _ in range(50)]
+    while checks == 0:
+        await asyncio.sleep(0)
+    release.set()
+    outcomes = await asyncio.gather(*first, return_exceptions=True)
+    # Each writer that found the check undone made it again, one at a time (the lock),
+    # and each was refused: nobody wrote past a failed check.
+    assert all(isinstance(o, LayoutMismatch) for o in outcomes) and checks == 50
+
+    failing, checks = False, 0
+    await asyncio.gather(*(guard.ensure() for _ in range(50)))
+    assert checks == 1
+    await guard.ensure()
+    assert checks == 1
+    assert await redis.get(keys.execution_layout()) == b"1"
