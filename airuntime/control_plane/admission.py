@@ -321,14 +321,22 @@ class Admission:
 
     async def confirm_many(self, reservations: list[Reservation]) -> None:
         """:meth:`confirm` for a batch, in one round trip."""
-        await self.scripts.call_many(
-            self.redis,
-            "confirmReservation",
-            [
-                ([keys.reservations(r.instance_id)], [r.reservation_id, self.reservation_grace_ms])
-                for r in reservations
-            ],
-        )
+        await self.scripts.call_mixed(self.redis, self.confirm_calls(reservations))
+
+    def confirm_calls(
+        self, reservations: list[Reservation]
+    ) -> list[tuple[str, list[str], list[str | int]]]:
+        """The ``confirmReservation`` calls of :meth:`confirm_many`, for a caller that
+        sends them with other calls (a confirmation that fails leaves the reservation
+        to its TTL: nothing waits on the reply)."""
+        return [
+            (
+                "confirmReservation",
+                [keys.reservations(r.instance_id)],
+                [r.reservation_id, self.reservation_grace_ms],
+            )
+            for r in reservations
+        ]
 
     async def release(self, reservation: Reservation) -> None:
         """Give a reserved slot back (dispatch failed)."""

@@ -205,12 +205,16 @@ async def _accepted(
 ) -> list[DispatchResult]:
     """The runtime accepted these: confirm, settle Dispatched, record Dispatched."""
     iid = instance.instance_id
-    await d.admission.confirm_many([a.reservation for (_, _, a), _ in ok])
-    if any(a.reservation.instance_had_failures for (_, _, a), _ in ok):
-        await d.suspects.succeeded(iid)
-    settled = await d.queue.settle_many(
+    # Independent calls (the instance's reservations, the tenants' queue items): one
+    # round trip.
+    confirms = d.admission.confirm_calls([a.reservation for (_, _, a), _ in ok])
+    settles = d.queue.settle_calls(
         [(item, QueueItemStatus.DISPATCHED, iid) for (item, _, _), _ in ok]
     )
+    replies = await d.queue.scripts.call_mixed(d.queue.redis, [*confirms, *settles])
+    settled = d.queue.settled(replies[len(confirms) :])
+    if any(a.reservation.instance_had_failures for (_, _, a), _ in ok):
+        await d.suspects.succeeded(iid)
     results: list[DispatchResult] = []
     record: list[tuple[Placed, str]] = []
     for (p, run_id), was_settled in zip(ok, settled, strict=True):

@@ -240,24 +240,35 @@ class SharedQueue:
         self, settlements: list[tuple[ClaimedItem, QueueItemStatus, str]], *, tried: bool = True
     ) -> list[bool]:
         """:meth:`settle` for many items in one round trip; one answer per item."""
+        calls = self.settle_calls(settlements, tried=tried)
+        return self.settled(await self.scripts.call_mixed(self.redis, calls))
+
+    def settle_calls(
+        self, settlements: list[tuple[ClaimedItem, QueueItemStatus, str]], *, tried: bool = True
+    ) -> list[tuple[str, list[str], list[str | int]]]:
+        """The ``settleSharedRun`` calls of :meth:`settle_many`, for a caller that sends
+        them with other calls; :meth:`settled` reads their replies."""
         for _, outcome, _ in settlements:
             if outcome not in QUEUE_ITEM_TRANSITIONS[QueueItemStatus.CLAIMED]:
                 raise ValueError(f"a claimed item cannot be settled as {outcome!r}")
-        replies = await self.scripts.call_many(
-            self.redis,
-            "settleSharedRun",
-            [
-                self._call(
+        return [
+            (
+                "settleSharedRun",
+                *self._call(
                     item.tenant_id,
                     item.shared_run_id,
                     item.token,
                     outcome,
                     detail,
                     "1" if tried else "0",
-                )
-                for item, outcome, detail in settlements
-            ],
-        )
+                ),
+            )
+            for item, outcome, detail in settlements
+        ]
+
+    @staticmethod
+    def settled(replies: list[Any]) -> list[bool]:
+        """Whether each settlement took (its item was still claimed by its token)."""
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
