@@ -5,7 +5,8 @@ one hash slot per tenant) so its traffic spreads over a Redis Cluster, but a pum
 must still see every tenant's queue to claim the oldest items first. The index
 ``air:{air}:squeue:tenants`` (zset, score = announce generation) names the tenants
 that may have work; :meth:`QueueTenants.heads` reads the head of each listed
-tenant's queue in one pipelined round trip.
+tenant's queue in one pipelined round trip (on a standalone server, as a rule, in the
+same round trip as the index).
 
 The index lives in another slot than the queues, so it cannot change in the same
 script as an item. The protocol keeps it from ever losing a tenant that has work:
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airuntime.core import keys
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, is_cluster
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptLibrary
 
@@ -66,6 +67,8 @@ class QueueTenants:
     def __init__(self, redis: RedisClient, scripts: ScriptLibrary) -> None:
         self.redis = redis
         self.scripts = scripts
+        self._listed: list[str] = []
+        """The tenants the index listed at the last look (the next look's guess)."""
 
     async def announce(self, tenant_id: str) -> None:
         """``tenant_id`` has (or may have) work: listed, with a new generation."""
@@ -84,25 +87,68 @@ class QueueTenants:
 
     async def heads(self, count: int, skip: frozenset[str] = frozenset()) -> list[TenantHead]:
         """The first Pending items and the claims of every listed tenant not in
-        ``skip``, read in one pipelined round trip: enough items per tenant for the
-        ``count`` oldest over all of them when the tenants' queues are alike (twice a
-        fair share; :meth:`older_than` reads the rest of a tenant that may have more)."""
-        # The generations are read in a round trip of their own, before the queues:
-        # in one pipeline a cluster could run the queue reads (other shards) first,
-        # and a retire could then pass on a generation newer than an empty read.
-        listed = [(t, g) for t, g in await self.listed() if t not in skip]
+        ``skip``: enough items per tenant for the ``count`` oldest over all of them when
+        the tenants' queues are alike (twice a fair share; :meth:`older_than` reads the
+        rest of a tenant that may have more).
+
+        The generations must be read before the queues (a retire passes on the
+        generation read before an empty queue was seen). On a standalone server one
+        pipeline keeps that order, so the queues of the tenants listed last time are
+        read in the same round trip as the index, and again only when the index lists
+        others; a cluster could run a pipeline's queue reads (other shards) first, so
+        there the index is read in a round trip of its own."""
+        guess = [t for t in self._listed if t not in skip]
+        if guess and not is_cluster(self.redis):
+            depth = self._depth(count, len(guess))
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrange(keys.squeue_tenants(), 0, -1, withscores=True)
+            self._queue_reads(pipe, guess, depth)
+            replies = await pipe.execute()
+            listed = self._remember(replies[0], skip)
+            if {t for t, _ in listed} == set(guess):
+                read = dict(zip(guess, self._pairs(replies[1:]), strict=True))
+                return self._heads(listed, read, depth)
+        else:
+            listed = self._remember(
+                await self.redis.zrange(keys.squeue_tenants(), 0, -1, withscores=True), skip
+            )
         if not listed:
             return []
-        depth = min(max(1, count), max(4, -(-2 * count // len(listed))))
+        depth = self._depth(count, len(listed))
         pipe = self.redis.pipeline(transaction=False)
-        for tenant, _ in listed:
-            pipe.zrange(keys.squeue_pending(tenant), 0, max(1, depth) - 1, withscores=True)
+        self._queue_reads(pipe, [t for t, _ in listed], depth)
+        read = dict(zip([t for t, _ in listed], self._pairs(await pipe.execute()), strict=True))
+        return self._heads(listed, read, depth)
+
+    def _remember(self, raw: Any, skip: frozenset[str]) -> list[tuple[str, int]]:
+        """The listed tenants (with their generations) not in ``skip``; all of them are
+        the next guess."""
+        listed = [(_s(t), int(g)) for t, g in raw]
+        self._listed = [t for t, _ in listed]
+        return [(t, g) for t, g in listed if t not in skip]
+
+    @staticmethod
+    def _depth(count: int, tenants: int) -> int:
+        return min(max(1, count), max(4, -(-2 * count // tenants)))
+
+    @staticmethod
+    def _queue_reads(pipe: Any, tenants: list[str], depth: int) -> None:
+        for tenant in tenants:
+            pipe.zrange(keys.squeue_pending(tenant), 0, depth - 1, withscores=True)
             pipe.zrange(keys.squeue_claimed(tenant), 0, 0, withscores=True)
-        replies = await pipe.execute()
+
+    @staticmethod
+    def _pairs(replies: list[Any]) -> list[tuple[Any, Any]]:
+        return [(replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
+
+    @staticmethod
+    def _heads(
+        listed: list[tuple[str, int]], read: dict[str, tuple[Any, Any]], depth: int
+    ) -> list[TenantHead]:
         now_ms = time.time() * 1000
         out = []
-        for i, (tenant, generation) in enumerate(listed):
-            pending, first_claim = replies[2 * i : 2 * i + 2]
+        for tenant, generation in listed:
+            pending, first_claim = read[tenant]
             expired = bool(first_claim) and float(first_claim[0][1]) <= now_ms
             items = [(_s(m), float(score)) for m, score in pending]
             out.append(TenantHead(tenant, generation, items, bool(first_claim), expired, depth))

@@ -321,3 +321,71 @@ async def test_a_cancel_between_the_two_halves_of_a_submit_wins(redis: Redis) ->
     assert await cp.queue.status(run.shared_run_id, "tenant-c") is QueueItemStatus.CANCELLED
     stored = await cp.runs.require(run.shared_run_id)
     assert stored.status is SharedRunStatus.CANCELLED
+
+
+class RoundTripCount(Redis):
+    """A real client counting what reaches the server: each pipeline execution and each
+    lone ZRANGE (all QueueTenants.heads sends) is one round trip."""
+
+    round_trips = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.round_trips += 1
+            return await execute(*args, **kwargs)
+
+        pipe.execute = counted  # type: ignore[method-assign]
+        return pipe
+
+    async def zrange(self, *args: Any, **kwargs: Any) -> Any:
+        self.round_trips += 1
+        return await super().zrange(*args, **kwargs)
+
+    def taken(self) -> int:
+        count, self.round_trips = self.round_trips, 0
+        return count
+
+
+async def test_the_heads_of_the_tenants_listed_last_time_come_with_the_index(
+    valkey: Redis, valkey_url: str
+) -> None:
+    """On a standalone server the queues of the tenants listed at the last look are read
+    in the index's round trip; a tenant listed or retired since is seen in a second."""
+    queue = SharedQueue(valkey)
+    for tenant in ("tenant-a", "tenant-b"):
+        await queue.enqueue(f"sr-{tenant}", tenant)
+    counting = RoundTripCount.from_url(valkey_url)
+    index = QueueTenants(counting, library())
+    try:
+        for expected_trips in (2, 1, 1):
+            heads = await index.heads(4)
+            assert counting.taken() == expected_trips
+            assert {h.tenant_id: [s for s, _ in h.pending] for h in heads} == {
+                "tenant-a": ["sr-tenant-a"],
+                "tenant-b": ["sr-tenant-b"],
+            }
+        await queue.enqueue("sr-tenant-c", "tenant-c")  # listed since the last look
+        heads = await index.heads(4)
+        assert counting.taken() == 2
+        assert sorted(h.tenant_id for h in heads) == ["tenant-a", "tenant-b", "tenant-c"]
+        # Skipping a tenant narrows the guess: still one round trip, the tenant left out.
+        heads = await index.heads(4, skip=frozenset({"tenant-a"}))
+        assert counting.taken() == 1
+        assert sorted(h.tenant_id for h in heads) == ["tenant-b", "tenant-c"]
+        # tenant-b drained and retired: the index lists it no more, the guess misses.
+        item = await queue.claim_next("pump", frozenset({"tenant-a", "tenant-c"}))
+        assert item is not None and item.tenant_id == "tenant-b"
+        await queue.settle(item, QueueItemStatus.DISPATCHED)
+        [empty] = [h for h in await index.heads(4) if h.tenant_id == "tenant-b"]
+        assert empty.empty and await index.retire(empty)
+        counting.taken()
+        heads = await index.heads(4)
+        assert counting.taken() == 2
+        assert sorted(h.tenant_id for h in heads) == ["tenant-a", "tenant-c"]
+        assert counting.taken() == 0 and len(await index.heads(4)) == 2
+        assert counting.taken() == 1
+    finally:
+        await counting.aclose()
