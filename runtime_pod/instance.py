@@ -368,8 +368,10 @@ class RuntimeInstance:
 
     async def _start_queued(self) -> None:
         """Start queued runs while a run slot and a worker are free, a batch at a time:
-        the head of the queue in one read, the records in one round trip, the start
-        scripts in one round trip."""
+        the head of the queue in one read, the records in one round trip, and the start
+        scripts with the queue removals and the tenants' settings in one more
+        (:meth:`~airuntime.fleet.run_index.RunIndex.start_batch`; on a cluster, one
+        call after the other)."""
         while self._may_start():
             room = self.config.max_concurrent_runs - self.running_runs - len(self._starting)
             ids = await self.index.queue_head(self.instance_id, room)
@@ -413,14 +415,15 @@ class RuntimeInstance:
         if not plans:
             return False
         try:
-            # The batch's tenant settings in one read: each run's pipeline is compiled
-            # with its tenant's allowlist as it stands now (Participation._plan).
-            tenants = await self.registry.tenants(r.tenant_id for r, _, _, _ in plans)
-            started = await self.index.start_many(
+            # The batch's tenant settings read with the starts: each run's pipeline is
+            # compiled with its tenant's allowlist as it stands now (Participation._plan).
+            batch = await self.index.start_batch(
                 self.instance_id,
                 [(r.run_id, eid) for r, _, _, eid in plans],
                 [run_metadata(start_entry(self, r, q, w)) for r, q, w, _ in plans],
+                tenant_ids=[r.tenant_id for r, _, _, _ in plans],
             )
+            started, tenants = batch.started, batch.tenants
         except BaseException:
             for record, _, workers, _ in plans:
                 self._starting.discard(record.run_id)

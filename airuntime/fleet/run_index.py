@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airuntime.core import keys
@@ -59,6 +60,7 @@ from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
+from airuntime.fleet.tenancy import TenantSettings, default_settings, parse_settings
 
 __all__ = [
     "DEFAULT_RUN_RETENTION_S",
@@ -71,6 +73,16 @@ DEFAULT_RUN_RETENTION_S = 7 * 24 * 3600
 """How long a finished run's record stays readable (seconds): 7 days, as executions."""
 
 _MAX_REASON = 2000
+
+
+@dataclass(frozen=True)
+class StartedBatch:
+    """What :meth:`RunIndex.start_batch` did and read."""
+
+    started: list[bool]
+    """Per start: the run was queued there and is running now."""
+    tenants: dict[str, TenantSettings]
+    """The settings of the tenants asked for (the Shared defaults where none are stored)."""
 
 
 class QueueFull(AirError):
@@ -251,14 +263,28 @@ class RunIndex:
         started atomically on its own), then out of the local queue; one answer per
         run. ``metadata``: per start, entries merged into the record's metadata by the
         start itself (a run not started gets none)."""
+        return (await self.start_batch(instance_id, starts, metadata)).started
+
+    async def start_batch(
+        self,
+        instance_id: str,
+        starts: list[tuple[str, str]],
+        metadata: list[dict[str, str]] | None = None,
+        tenant_ids: Iterable[str] = (),
+    ) -> StartedBatch:
+        """:meth:`start_many`, also reading the settings of ``tenant_ids`` (the runs'
+        tenants, for their start) with it: on a standalone server the start scripts,
+        the queue removals and the read are one round trip, in that order."""
+        tenants = sorted(set(tenant_ids))
         if not starts:
-            return []
+            return StartedBatch([], {})
         extra = metadata if metadata is not None else [{}] * len(starts)
         calls = []
         for (run_id, execution_id), more in zip(starts, extra, strict=True):
             bucket = keys.run_bucket_of(run_id, self.buckets)
             calls.append(
-                (
+                ScriptCall(
+                    "startRun",
                     [
                         bucket.run(run_id),
                         bucket.in_state(RunStatus.QUEUED),
@@ -267,17 +293,22 @@ class RunIndex:
                     [run_id, instance_id, execution_id, json.dumps(more) if more else ""],
                 )
             )
-        replies = await self.scripts.call_many(self.redis, "startRun", calls)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        # Started or not, each leaves the queue (see startRun); a crash before this
-        # leaves entries of runs that are not queued, which the controller drops.
-        pipe = self.redis.pipeline(transaction=False)
-        for run_id, _ in starts:
-            pipe.lrem(self.queue_key(instance_id), 0, run_id)
-        await pipe.execute()
-        return [int(reply[0]) == 1 for reply in replies]
+        # Started or not, each leaves the queue (see startRun) after its start; a crash
+        # in between leaves entries of runs that are not queued, which the controller
+        # drops.
+        queue = self.queue_key(instance_id)
+        then: list[list[str | int]] = [["LREM", queue, 0, run_id] for run_id, _ in starts]
+        if tenants:
+            then.append(["MGET", *(keys.tenant_settings(t) for t in tenants)])
+        replies = await self.scripts.call_in_order(self.redis, calls, then)
+        settings: dict[str, TenantSettings] = {}
+        if tenants:
+            raws = replies[-1]
+            settings = {
+                t: default_settings(t) if raw is None else parse_settings(raw)
+                for t, raw in zip(tenants, raws, strict=True)
+            }
+        return StartedBatch([int(r[0]) == 1 for r in replies[: len(calls)]], settings)
 
     async def start(self, instance_id: str, run_id: str, execution_id: str) -> bool:
         """Start ``run_id`` on ``instance_id`` with ``execution_id``; False when it is no
