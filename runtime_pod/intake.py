@@ -94,6 +94,8 @@ async def accept_runs(
             parsed.append((i, parse_request(raw)))
         except RunRefused as exc:
             out[i] = exc
+    if not parsed:
+        return [a for a in out if a is not None]
     tenants, existing, queued = await _read_batch(inst, [r for _, r in parsed])
     owners = await inst.index.tenants_of([e for e in existing if e is not None])
     owner_of = dict(zip([e for e in existing if e is not None], owners, strict=True))
