@@ -8,8 +8,6 @@ and in one round trip when the membership did not change.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import pytest
 from redis.asyncio import Redis
 
@@ -20,35 +18,8 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.fleet.registry import InstanceStatus, Registry
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings, default_settings
 from tests.control_plane.support import TENANT_A, TENANT_B, descriptor, publish
+from tests.round_trips import RoundTripCounting
 from tests.tenancy.test_visibility import C_IN_GROUP, HYBRID_NO_FALLBACK, POOL
-
-
-class RoundTrips:
-    """The client the views read through, counting what reaches the server: each
-    pipeline execution and each lone command is one round trip."""
-
-    def __init__(self, redis: Redis) -> None:
-        self.redis = redis
-        self.count = 0
-
-    def pipeline(self, transaction: bool = False) -> Any:
-        pipe = self.redis.pipeline(transaction=transaction)
-        execute = pipe.execute
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return await execute(*args, **kwargs)
-
-        pipe.execute = counted  # type: ignore[method-assign]
-        return pipe
-
-    async def mget(self, *args: Any) -> Any:
-        self.count += 1
-        return await self.redis.mget(*args)
-
-    def taken(self) -> int:
-        count, self.count = self.count, 0
-        return count
 
 
 async def _ages_read_apart(redis: Redis, ids: list[str]) -> dict[str, int]:
@@ -87,8 +58,8 @@ async def test_a_view_says_what_the_separate_reads_say(
     )
     marks = SuspectMarks(redis, SuspectPolicy(failures_before_suspect=1))
     await marks.failed("runtime-instance-1", "refused")  # suspect (one failure suffices)
-    counter = RoundTrips(redis)
-    views = InstanceViews(cast(RedisClient, counter))
+    counter = RoundTripCounting.sharing(redis)
+    views = InstanceViews(counter)
 
     for attempt in range(2):  # the first reads the membership, the second guesses it
         view = await views.read(tenant.tenant_id)
@@ -113,8 +84,8 @@ async def test_a_view_says_what_the_separate_reads_say(
 async def test_every_change_between_views_is_seen(redis: Redis) -> None:
     registry = Registry(redis)
     await publish(redis, descriptor("runtime-instance-1"))
-    counter = RoundTrips(redis)
-    views = InstanceViews(cast(RedisClient, counter))
+    counter = RoundTripCounting.sharing(redis)
+    views = InstanceViews(counter)
     assert [d.instance_id for d in (await views.read("default")).visible] == ["runtime-instance-1"]
     counter.taken()
 
@@ -189,8 +160,8 @@ async def test_a_large_fleet_reads_the_marks_of_the_visible_instances_only(
     await SuspectMarks(redis, SuspectPolicy(failures_before_suspect=1)).failed(
         own.instance_id, "refused"
     )
-    counter = RoundTrips(redis)
-    views = InstanceViews(cast(RedisClient, counter))
+    counter = RoundTripCounting.sharing(redis)
+    views = InstanceViews(counter)
     for _ in range(2):
         view = await views.read("tenant-a")
         assert counter.taken() == 3

@@ -25,6 +25,7 @@ from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, Shar
 from airuntime.core import keys
 from airuntime.core.scripts import library
 from tests.control_plane.support import TINY_PIPELINE, manual_cp, snap, wait_for
+from tests.round_trips import RoundTripCounting
 
 TENANTS = 40
 PER_TENANT = 25
@@ -323,32 +324,6 @@ async def test_a_cancel_between_the_two_halves_of_a_submit_wins(redis: Redis) ->
     assert stored.status is SharedRunStatus.CANCELLED
 
 
-class RoundTripCount(Redis):
-    """A real client counting what reaches the server: each pipeline execution and each
-    lone ZRANGE (all QueueTenants.heads sends) is one round trip."""
-
-    round_trips = 0
-
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
-        execute = pipe.execute
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.round_trips += 1
-            return await execute(*args, **kwargs)
-
-        pipe.execute = counted  # type: ignore[method-assign]
-        return pipe
-
-    async def zrange(self, *args: Any, **kwargs: Any) -> Any:
-        self.round_trips += 1
-        return await super().zrange(*args, **kwargs)
-
-    def taken(self) -> int:
-        count, self.round_trips = self.round_trips, 0
-        return count
-
-
 async def test_the_heads_of_the_tenants_listed_last_time_come_with_the_index(
     valkey: Redis, valkey_url: str
 ) -> None:
@@ -357,7 +332,7 @@ async def test_the_heads_of_the_tenants_listed_last_time_come_with_the_index(
     queue = SharedQueue(valkey)
     for tenant in ("tenant-a", "tenant-b"):
         await queue.enqueue(f"sr-{tenant}", tenant)
-    counting = RoundTripCount.from_url(valkey_url)
+    counting = RoundTripCounting.from_url(valkey_url)
     index = QueueTenants(counting, library())
     try:
         for expected_trips in (2, 1, 1):
