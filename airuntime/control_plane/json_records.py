@@ -10,10 +10,11 @@ over.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from airuntime.core.parsed_records import ParsedRecords
@@ -48,8 +49,7 @@ async def update_record(
     while True:
         async with redis.pipeline(transaction=True) as pipe:
             try:
-                await pipe.watch(key)
-                raw = await pipe.get(key)
+                [raw] = await watch_and_read(pipe, [key])
                 if raw is None:
                     return None
                 before = parse(raw)
@@ -93,10 +93,7 @@ async def update_records(
     while True:
         async with redis.pipeline(transaction=True) as pipe:
             try:
-                await pipe.watch(*keys)
-                # MGET as a raw command: a cluster client's pipeline blocks its mget()
-                # (it cannot know the keys share a slot; they do: one transaction).
-                raws = cast(list[Any], await pipe.execute_command("MGET", *keys))
+                raws = await watch_and_read(pipe, keys)
                 out: list[tuple[M, M] | None] = []
                 for i, raw in enumerate(raws):
                     before = parse(raw) if raw is not None else None
@@ -122,6 +119,39 @@ async def update_records(
                 return out
             except WatchError:
                 continue
+
+
+async def watch_and_read(pipe: Any, keys: Sequence[str]) -> list[Any]:
+    """WATCH ``keys`` on the transaction ``pipe`` and read them (MGET).
+
+    On a standalone server both go in one round trip: one connection's commands run
+    in order, so the read is under the watch. A connection lost on the way is retried
+    as redis-py retries an immediate command -- on a new connection, from the WATCH,
+    while nothing is watched yet; once the WATCH was answered the watch went with the
+    connection, so :class:`WatchError` tells the caller to start again. On a cluster
+    (redis-py's cluster transaction sends each immediate command by itself) they are
+    two round trips, the MGET a raw command (a cluster pipeline blocks its mget(): it
+    cannot know the keys share a slot; they do: one transaction)."""
+    if not isinstance(pipe, Pipeline):
+        await pipe.watch(*keys)
+        return cast(list[Any], await pipe.execute_command("MGET", *keys))
+    if pipe.connection is None:
+        pipe.connection = await pipe.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+    conn = pipe.connection
+    packed = conn.pack_commands([("WATCH", *keys), ("MGET", *keys)])
+
+    async def send_and_read() -> list[Any]:
+        await conn.send_packed_command(packed)
+        await pipe.parse_response(conn, "WATCH")  # the pipeline is watching from here
+        return cast(list[Any], await pipe.parse_response(conn, "MGET"))
+
+    async def failed(error: Exception) -> None:
+        await conn.disconnect()
+        if pipe.watching:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+            raise WatchError(f"A {type(error).__name__} occurred while watching {len(keys)} key(s)")
+
+    return cast(list[Any], await conn.retry.call_with_retry(send_and_read, failed))
 
 
 async def read_record(redis: RedisClient, key: str, model: type[M]) -> M | None:
