@@ -122,9 +122,12 @@ class QueueTenants:
 
     def _remember(self, raw: Any, skip: frozenset[str]) -> list[tuple[str, int]]:
         """The listed tenants (with their generations) not in ``skip``; all of them are
-        the next guess."""
+        the next guess. An empty index keeps the guess: a pump polls it while idle, and
+        the tenant whose queue it drained last is the likeliest to come back (a wrong
+        guess costs two reads of empty keys in the same round trip)."""
         listed = [(_s(t), int(g)) for t, g in raw]
-        self._listed = [t for t, _ in listed]
+        if listed:
+            self._listed = [t for t, _ in listed]
         return [(t, g) for t, g in listed if t not in skip]
 
     @staticmethod

@@ -362,5 +362,19 @@ async def test_the_heads_of_the_tenants_listed_last_time_come_with_the_index(
         assert sorted(h.tenant_id for h in heads) == ["tenant-a", "tenant-c"]
         assert counting.taken() == 0 and len(await index.heads(4)) == 2
         assert counting.taken() == 1
+        # Every queue drained and retired, the idle pump polling an empty index: the
+        # tenant that comes back is read with the index again.
+        for _ in range(2):
+            item = await queue.claim_next("pump")
+            assert item is not None
+            await queue.settle(item, QueueItemStatus.DISPATCHED)
+        for head in await index.heads(4):
+            assert head.empty and await index.retire(head)
+        assert await index.heads(4) == [] and await index.listed() == []
+        counting.taken()
+        await queue.enqueue("sr-tenant-c-2", "tenant-c")
+        [head] = await index.heads(4)
+        assert head.tenant_id == "tenant-c" and [s for s, _ in head.pending] == ["sr-tenant-c-2"]
+        assert counting.taken() == 1
     finally:
         await counting.aclose()
