@@ -6,7 +6,8 @@ must tell the control plane when it ends, and must not stay in Redis forever. Ev
 change of a run is therefore one Lua script, so nothing is ever half-written:
 
 * ``acceptRun-4.lua`` -- idempotent by SharedRunId: the existing RunId, or the mapping,
-  the record and the index entries, all at once;
+  the record and the index entries, all at once (``acceptQueuedRun-5.lua`` on a
+  standalone server: the same, and the local queue's room and push in that step);
 * ``startRun-3.lua`` -- the head of a local queue becomes running with its ExecutionId,
   only if it is still queued and still that instance's;
 * ``finishRun-6.lua`` -- terminal status, out of the indexes, the
@@ -25,13 +26,15 @@ standalone server and one of :data:`~airuntime.core.keys.CLUSTER_RUN_BUCKETS` sl
 SharedRunId's bucket, so every script touches one slot and the run index spreads over
 the shards). Readers of the indexes iterate the buckets.
 
-The local queue ``...instance:<id>:queue`` holds runs of every bucket, so it is in
-its own slot on a cluster, and each transition that touches it is two single-slot
-steps: the script in the run's bucket, then the queue push (accept) or removal (start,
-finish). A crash between them leaves either a queue entry of a run that is no longer
-queued there -- the controller drops it when it reaches it -- or, after acceptance, a
-queued run in no queue, which its owner's periodic sweep (:meth:`RunIndex.repair_queue`)
-pushes. No run is lost; none starts twice (only ``startRun`` starts one, once).
+The local queue ``...instance:<id>:queue`` holds runs of every bucket, so it is in its
+own slot on a cluster (on a standalone server it is in the control slot with the runs,
+and acceptance pushes it in the same script), and each other transition that touches it
+is two single-slot steps, as is acceptance on a cluster: the script in the run's bucket,
+then the queue push (accept) or removal (start, finish). A crash between them leaves
+either a queue entry of a run that is no longer queued there -- the controller drops it
+when it reaches it -- or, after acceptance, a queued run in no queue, which its owner's
+periodic sweep (:meth:`RunIndex.repair_queue`) pushes. No run is lost; none starts twice
+(only ``startRun`` starts one, once).
 
 Retention: a finished run's record and mapping expire after ``retention_s`` (Redis
 TTL); its tenant index entry is removed by :meth:`RunIndex.prune`, which every runtime
@@ -142,8 +145,9 @@ class RunIndex:
 
         Idempotent by SharedRunId: every delivery after the first, to any instance,
         returns the first RunId and writes nothing. Raises :class:`QueueFull` when the
-        local queue already holds ``queue_capacity`` runs (read just before the script:
-        concurrent accepts on one instance may overshoot it by the accepts in flight),
+        local queue already holds ``queue_capacity`` runs (read by the script itself on a
+        standalone server; on a cluster just before the script, so concurrent accepts
+        on one instance may overshoot it by the accepts in flight),
         :class:`SharedRunConflict` when the SharedRunId's run belongs to another tenant.
         """
         answer = (await self._accept_all(instance_id, [request], queue_capacity))[0]
@@ -176,16 +180,26 @@ class RunIndex:
         if not requests:
             return []
         await self._check_layout()
-        # The queue is in another slot than the runs: its room is read first (a batch
-        # takes room in order), the created runs are pushed after their scripts.
-        if queued is None:
-            queued = int(await self.redis.llen(self.queue_key(instance_id)))
-        room = capacity - queued
-        calls = [self._accept_call(instance_id, r, i < room) for i, r in enumerate(requests)]
-        replies = await self.scripts.call_many(self.redis, "acceptRun", calls)
-        created = [_s(r[1]) for r in replies if not isinstance(r, Exception) and int(r[0]) == 1]
-        if created:
-            await self.redis.rpush(self.queue_key(instance_id), *created)
+        queue = self.queue_key(instance_id)
+        if self.buckets == 1:
+            # The queue shares the runs' slot: each script reads the room and pushes
+            # the run it created, at once (acceptQueuedRun-5).
+            calls = [self._accept_call(instance_id, r, capacity, queue=queue) for r in requests]
+            replies = await self.scripts.call_many(self.redis, "acceptQueuedRun", calls)
+        else:
+            # The queue is in another slot than the runs: its room is read first (a
+            # batch takes room in order), the created runs are pushed after their scripts.
+            if queued is None:
+                queued = int(await self.redis.llen(queue))
+            room = capacity - queued
+            calls = [
+                self._accept_call(instance_id, r, "1" if i < room else "0")
+                for i, r in enumerate(requests)
+            ]
+            replies = await self.scripts.call_many(self.redis, "acceptRun", calls)
+            created = [_s(r[1]) for r in replies if not isinstance(r, Exception) and int(r[0]) == 1]
+            if created:
+                await self.redis.rpush(queue, *created)
         out: list[tuple[str, bool] | QueueFull | SharedRunConflict] = []
         for request, reply in zip(requests, replies, strict=True):
             if isinstance(reply, Exception):
@@ -197,9 +211,10 @@ class RunIndex:
         return out
 
     def _accept_call(
-        self, instance_id: str, request: RunRequest, room: bool
+        self, instance_id: str, request: RunRequest, room: str | int, *, queue: str | None = None
     ) -> tuple[list[str], list[str | int]]:
-        """Keys and arguments of acceptRun (without the queue push: see the script)."""
+        """Keys and arguments of acceptRun (``room``: '1' or '0'), or, with the local
+        ``queue`` (same slot), of acceptQueuedRun (``room``: the queue's capacity)."""
         snap = request.snapshot
         candidate = new_run_id(request.shared_run_id, self.buckets)
         bucket = keys.run_bucket_of(candidate, self.buckets)
@@ -209,6 +224,7 @@ class RunIndex:
                 bucket.run(candidate),
                 bucket.by_tenant(snap.tenant_id),
                 bucket.in_state(RunStatus.QUEUED),
+                *([queue] if queue is not None else []),
             ],
             [
                 candidate,
@@ -219,7 +235,7 @@ class RunIndex:
                 snap.model_dump_json(),
                 json.dumps(request.metadata),
                 request.model_dump_json(),
-                "1" if room else "0",
+                room,
             ],
         )
 
@@ -229,7 +245,7 @@ class RunIndex:
         For tests of :meth:`repair_queue`; the RunId, or None if the SharedRunId had one."""
         await self._check_layout()
         reply: Any = await self.scripts.call(
-            self.redis, "acceptRun", *self._accept_call(instance_id, request, True)
+            self.redis, "acceptRun", *self._accept_call(instance_id, request, "1")
         )
         return _s(reply[1]) if int(reply[0]) == 1 else None
 

@@ -5,10 +5,12 @@
   SharedRunId, to any instances, create one RunId. Every key is in the run's bucket
   (the RunId is drawn in the SharedRunId's bucket), so this is one slot on a cluster.
 
-  The instance's local queue is in another slot: the caller pushes the RunId there
-  after this script created the run (RunIndex.accept). A caller that dies in between
-  leaves a queued run in no queue; its owner's periodic sweep (RunIndex.repair_queue)
-  pushes it. The caller checks the queue's room before (ARGV[9]).
+  On a cluster the instance's local queue is in another slot: the caller pushes the
+  RunId there after this script created the run (RunIndex.accept). A caller that dies
+  in between leaves a queued run in no queue; its owner's periodic sweep
+  (RunIndex.repair_queue) pushes it. The caller checks the queue's room before
+  (ARGV[9]). On a standalone server, where the queue shares the run's slot,
+  acceptQueuedRun-5 does both at once.
 
   Input:
     KEYS[1] SharedRunId -> RunId mapping (<bucket>:shared-run:<SharedRunId>)
@@ -32,25 +34,6 @@
     {2}                      the local queue is full; nothing written
 ]]
 --- @include "nowMs"
+--- @include "acceptRunRecord"
 
-local existing = redis.call('GET', KEYS[1])
-if existing then return {0, existing} end
-if ARGV[9] ~= '1' then return {2} end
-
-local runId = ARGV[1]
-local now = nowMs()
-redis.call('SET', KEYS[1], runId)
-redis.call('HSET', KEYS[2],
-  'run_id', runId,
-  'shared_run_id', ARGV[2],
-  'instance_id', ARGV[3],
-  'tenant_id', ARGV[4],
-  'tenant_group_id', ARGV[5],
-  'status', 'queued',
-  'created_at_ms', now,
-  'snapshot', ARGV[6],
-  'metadata', ARGV[7],
-  'request', ARGV[8])
-redis.call('ZADD', KEYS[3], now, runId)
-redis.call('ZADD', KEYS[4], now, runId)
-return {1, runId, now}
+return acceptRunRecord(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV, ARGV[9] == '1')

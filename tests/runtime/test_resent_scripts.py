@@ -9,13 +9,11 @@ with nobody driving it -- while a different call is still refused.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from airuntime.fleet.runs import RunStatus
-from airuntime.fleet.tenancy import TenantSettings, default_settings
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import pipeline, request
 
@@ -86,45 +84,3 @@ async def test_a_start_merges_the_runners_metadata_once_and_a_refused_start_writ
     assert refused == [False]
     final = await index.get_for_tenant(run_id, "tenant-a")
     assert final is not None and final.metadata == record.metadata
-
-
-async def test_a_start_batch_starts_removes_and_reads_the_tenants_in_one_round_trip(
-    runtime: Runtime, redis: Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The controller's start: the start scripts, the queue removals (of started and
-    refused runs alike) and the tenants' settings, in that order, in one pipeline."""
-    index = runtime.index
-    await runtime.registry.put_tenant(TenantSettings(tenant_id="tenant-a", max_instances=5))
-    mine, _ = await index.accept("sb-1", request(pipeline(1)))
-    other, _ = await index.accept("sb-1", request(pipeline(1), tenant="tenant-b"))
-    assert await index.start("sb-1", other, "ex-earlier")  # no longer queued
-    await redis.rpush(index.queue_key("sb-1"), other)  # a stale entry of it
-    executed: list[int] = []
-    real = type(redis.pipeline())
-
-    class Counted(real):  # type: ignore[valid-type,misc]
-        async def execute(self, raise_on_error: bool = True) -> Any:
-            executed.append(len(self.command_stack))
-            return await super().execute(raise_on_error)
-
-    monkeypatch.setattr(
-        redis,
-        "pipeline",
-        lambda transaction=True: Counted(
-            redis.connection_pool, redis.response_callbacks, transaction, None
-        ),
-    )
-    batch = await index.start_batch(
-        "sb-1",
-        [(mine, "ex-1"), (other, "ex-2")],
-        tenant_ids=["tenant-b", "tenant-a", "tenant-z", "tenant-a"],
-    )
-    assert executed == [2 + 2 + 1], "two starts, two removals, one read: one round trip"
-    assert batch.started == [True, False]
-    assert batch.tenants["tenant-a"].max_instances == 5
-    assert batch.tenants["tenant-b"] == await runtime.registry.tenant("tenant-b")
-    assert batch.tenants["tenant-z"] == default_settings("tenant-z")  # nothing stored
-    assert set(batch.tenants) == {"tenant-a", "tenant-b", "tenant-z"}
-    assert await redis.lrange(index.queue_key("sb-1"), 0, -1) == []
-    record = await index.get_for_tenant(other, "tenant-b")
-    assert record is not None and record.execution_id == "ex-earlier"
