@@ -21,7 +21,7 @@ has, whatever the instance's state: the SharedRunId is claimed by one script
 
 :func:`accept_runs` is the batch form a pump's delivery uses (one call carrying N
 runs): the same checks per run, each tenant's settings, every SharedRunId's existing
-RunId and the queue's length read in one round trip, each distinct pipeline compiled
+RunId and (on a cluster) the queue's length read in one round trip, each distinct pipeline compiled
 once per batch, and every acceptance script sent in one round trip.
 """
 
@@ -39,7 +39,7 @@ from airuntime.core.validation import format_validation_error
 from airuntime.engine.pipeline import PipelineError
 from airuntime.fleet.run_index import QueueFull, SharedRunConflict
 from airuntime.fleet.runs import RunRequest
-from airuntime.fleet.tenancy import TenantSettings, default_settings, parse_settings
+from airuntime.fleet.tenancy import TenantSettings, stored_settings
 
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance
@@ -132,25 +132,28 @@ async def accept_runs(
 
 async def _read_batch(
     inst: RuntimeInstance, requests: list[RunRequest]
-) -> tuple[dict[str, TenantSettings], list[str | None], int]:
+) -> tuple[dict[str, TenantSettings], list[str | None], int | None]:
     """What a batch's checks read, in one round trip: each tenant's settings, the RunId
-    each SharedRunId already has (None: none yet) and the local queue's length (the
-    room :meth:`~airuntime.fleet.run_index.RunIndex.accept_many` gives out)."""
+    each SharedRunId already has (None: none yet) and, on a cluster, the local queue's
+    length (the room :meth:`~airuntime.fleet.run_index.RunIndex.accept_many` gives
+    out; on a standalone server the acceptance script reads it itself: None)."""
     tenant_ids = sorted({r.snapshot.tenant_id for r in requests})
     pipe = inst.redis.pipeline(transaction=False)
     for tid in tenant_ids:
         pipe.get(keys.tenant_settings(tid))
     for r in requests:
         pipe.get(keys.shared_run_to_run(r.shared_run_id, inst.index.buckets))
-    pipe.llen(inst.index.queue_key(inst.instance_id))
+    on_cluster = inst.index.buckets > 1
+    if on_cluster:
+        pipe.llen(inst.index.queue_key(inst.instance_id))
     replies = await pipe.execute()
     n = len(tenant_ids)
     tenants = {
-        tid: default_settings(tid) if raw is None else parse_settings(raw)
-        for tid, raw in zip(tenant_ids, replies[:n], strict=True)
+        tid: stored_settings(tid, raw) for tid, raw in zip(tenant_ids, replies[:n], strict=True)
     }
-    existing = [None if raw is None else reply_text(raw) for raw in replies[n:-1]]
-    return tenants, existing, int(replies[-1])
+    found = replies[n : n + len(requests)]
+    existing = [None if raw is None else reply_text(raw) for raw in found]
+    return tenants, existing, int(replies[-1]) if on_cluster else None
 
 
 def _same_tenant(request: RunRequest, run_id: str, owner: str | None) -> str:

@@ -34,7 +34,7 @@ from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text
 from airuntime.fleet.registry import InstanceDescriptor, InstanceStatus
-from airuntime.fleet.tenancy import TenantSettings, default_settings, parse_settings
+from airuntime.fleet.tenancy import TenantSettings, stored_settings
 
 __all__ = ["GUESS_UP_TO", "InstanceView", "InstanceViews"]
 
@@ -108,9 +108,7 @@ class InstanceViews:
         marks.queue(pipe, guess)
         replies = await pipe.execute()
         raw_tenant, scored = replies[0], replies[1]
-        tenant = (
-            parse_settings(raw_tenant) if raw_tenant is not None else default_settings(tenant_id)
-        )
+        tenant = stored_settings(tenant_id, raw_tenant)
         if group_id and tenant.tenant_group_id is None:
             tenant = tenant.model_copy(update={"tenant_group_id": group_id})
         scores = {reply_text(m): int(float(s)) for m, s in scored}

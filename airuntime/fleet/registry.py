@@ -39,9 +39,8 @@ from airuntime.core.slots import ensure_transaction_slot
 from airuntime.fleet.tenancy import (
     IsolationMode,
     TenantSettings,
-    default_settings,
     is_visible,
-    parse_settings,
+    stored_settings,
 )
 
 
@@ -216,10 +215,7 @@ class Registry:
 
     async def tenant(self, tenant_id: str) -> TenantSettings:
         """Stored settings of ``tenant_id``, or the Shared defaults when none are stored."""
-        raw = await self.redis.get(keys.tenant_settings(tenant_id))
-        if raw is None:
-            return default_settings(tenant_id)
-        return parse_settings(raw)
+        return stored_settings(tenant_id, await self.redis.get(keys.tenant_settings(tenant_id)))
 
     async def tenants(self, tenant_ids: Iterable[str]) -> dict[str, TenantSettings]:
         """:meth:`tenant` of each of ``tenant_ids`` in one round trip (their keys share
@@ -228,10 +224,7 @@ class Registry:
         if not ids:
             return {}
         raws = await self.redis.mget([keys.tenant_settings(t) for t in ids])
-        return {
-            t: parse_settings(raw) if raw is not None else default_settings(t)
-            for t, raw in zip(ids, raws, strict=True)
-        }
+        return {t: stored_settings(t, raw) for t, raw in zip(ids, raws, strict=True)}
 
     async def tenant_ids(self) -> list[str]:
         return sorted(

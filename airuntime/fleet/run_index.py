@@ -63,7 +63,7 @@ from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 from airuntime.fleet.outcomes import OUTCOMES_MAXLEN
 from airuntime.fleet.runs import RunRecord, RunRequest, RunStatus
-from airuntime.fleet.tenancy import TenantSettings, default_settings, parse_settings
+from airuntime.fleet.tenancy import TenantSettings, stored_settings
 
 __all__ = [
     "DEFAULT_RUN_RETENTION_S",
@@ -320,10 +320,7 @@ class RunIndex:
         settings: dict[str, TenantSettings] = {}
         if tenants:
             raws = replies[-1]
-            settings = {
-                t: default_settings(t) if raw is None else parse_settings(raw)
-                for t, raw in zip(tenants, raws, strict=True)
-            }
+            settings = {t: stored_settings(t, raw) for t, raw in zip(tenants, raws, strict=True)}
         return StartedBatch([int(r[0]) == 1 for r in replies[: len(calls)]], settings)
 
     async def start(self, instance_id: str, run_id: str, execution_id: str) -> bool:

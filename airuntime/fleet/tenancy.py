@@ -112,6 +112,12 @@ def parse_settings(raw: bytes | str) -> TenantSettings:
     return _PARSED.parse(raw)
 
 
+def stored_settings(tenant_id: str, raw: bytes | str | None) -> TenantSettings:
+    """The settings stored as ``raw`` for ``tenant_id`` (:func:`parse_settings`), or
+    its defaults when nothing is stored (``raw`` None: the GET found no key)."""
+    return default_settings(tenant_id) if raw is None else parse_settings(raw)
+
+
 def is_visible(
     *,
     tenant: TenantSettings,

@@ -68,12 +68,13 @@ async def test_concurrent_first_writers_share_one_layout_check(redis: Redis) -> 
     """Fifty writers arrive while the first check is in flight (held open by a latch):
     the check is made once; a failed check is made again by the next writer."""
     checks = 0
-    release = asyncio.Event()
+    entered, release = asyncio.Event(), asyncio.Event()
     failing = True
 
     async def check() -> int:
         nonlocal checks
         checks += 1
+        entered.set()
         await release.wait()
         if failing:
             raise LayoutMismatch("recorded with another count")
@@ -81,8 +82,7 @@ async def test_concurrent_first_writers_share_one_layout_check(redis: Redis) -> 
 
     guard = LayoutGuard(check)
     first = [asyncio.ensure_future(guard.ensure()) for _ in range(50)]
-    while checks == 0:
-        await asyncio.sleep(0)
+    await entered.wait()
     release.set()
     outcomes = await asyncio.gather(*first, return_exceptions=True)
     # Each writer that found the check undone made it again, one at a time (the lock),
