@@ -77,6 +77,7 @@ async def update_records(
     change: Callable[[int, M], M | None],
     also: Callable[[Any, list[tuple[M, M]]], None] | None = None,
     records: ParsedRecords[M] | None = None,
+    always: Callable[[Any], None] | None = None,
 ) -> list[tuple[M, M] | None]:
     """:func:`update_record` for many keys in one transaction (a pump's batch):
     ``change(i, record)`` for the record at ``keys[i]``; one ``(before, after)`` or None
@@ -86,7 +87,10 @@ async def update_records(
     batch's upkeep (:data:`AlsoWrite`): the transaction holds a few commands, not a
     few per record (each queued command is a reply to read back). With ``records``
     (a frozen model's :class:`ParsedRecords`) a record read back as it was last stored
-    is not parsed again, and the records written are kept there."""
+    is not parsed again, and the records written are kept there. ``always(pipe)``
+    queues writes that go with the batch whatever changed (the outcome reader's XACK:
+    the entries are acknowledged in the transaction that ended their runs); they must
+    be in the records' slot."""
     parse = records.parse if records is not None else model.model_validate_json
     if not keys:
         return []
@@ -111,6 +115,8 @@ async def update_records(
                     pipe.execute_command("MSET", *flat)
                     if also is not None:
                         also(pipe, [pair for _, pair in changed])
+                if always is not None:
+                    always(pipe)
                 ensure_transaction_slot("update_records", pipe, *keys)
                 await pipe.execute()
                 if records is not None and changed:

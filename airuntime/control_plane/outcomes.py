@@ -8,9 +8,12 @@ bucket on a cluster) atomically with the run's terminal record; :class:`OutcomeR
 (a supervised loop) reads those streams with a consumer group, ends the shared run
 (:func:`end_shared_run`: Succeeded / Failed / Cancelled, a compare-and-set, idempotent;
 the entries of one read in one transaction, :func:`end_shared_runs`) and only then
-acknowledges them. After a restart it first re-reads the entries it had read but
-not acknowledged, and it takes over entries another control plane left unacknowledged
-for a while (XAUTOCLAIM), so a crash between reading and acknowledging loses nothing.
+acknowledges them -- on a standalone server in that same transaction (the stream is in
+the control slot with the shared runs), so ending and acknowledging land together in
+one round trip; on a cluster by an XACK after it. After a restart it first re-reads
+the entries it had read but not acknowledged, and it takes over entries another
+control plane left unacknowledged for a while (XAUTOCLAIM), so a crash between
+reading and acknowledging loses nothing.
 An outcome that was never written or never seen is the reconciler's
 (:mod:`~airuntime.control_plane.reconciler`) to find.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 from redis.exceptions import ResponseError
@@ -32,6 +36,7 @@ from airuntime.control_plane.shared_runs import (
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.run_layout import run_buckets_for
+from airuntime.core.slots import slots_of
 from airuntime.core.supervision import LoopContext
 from airuntime.fleet.blocking import unless_unblocked
 from airuntime.fleet.outcomes import RunOutcome
@@ -79,11 +84,15 @@ async def end_shared_run(runs: SharedRunStore, outcome: RunOutcome) -> Transitio
 
 
 async def end_shared_runs(
-    runs: SharedRunStore, outcomes: list[RunOutcome]
+    runs: SharedRunStore,
+    outcomes: list[RunOutcome],
+    *,
+    always: Callable[[Any], None] | None = None,
 ) -> list[Transition | None]:
     """:func:`end_shared_run` of each outcome, all in one transaction. The outcome must
     be the run's as the transaction reads the record (its tenant, its RunId or none
-    yet), so a run given to another RunId meanwhile is not ended by a stale outcome."""
+    yet), so a run given to another RunId meanwhile is not ended by a stale outcome.
+    ``always(pipe)`` queues more writes of the control slot into that transaction."""
     statuses = [SHARED_STATUS.get(o.status) for o in outcomes]
     foreign: dict[int, SharedRun] = {}
 
@@ -105,7 +114,7 @@ async def end_shared_runs(
             changes["assigned_instance_id"] = outcome.instance_id
         return status, changes
 
-    ended = await runs.transition_each([o.shared_run_id for o in outcomes], decide)
+    ended = await runs.transition_each([o.shared_run_id for o in outcomes], decide, always=always)
     for i, run in foreign.items():
         outcome = outcomes[i]
         log.warning(
@@ -141,6 +150,11 @@ class OutcomeReader:
         self.claim_idle_ms = claim_idle_ms
         self.handled = 0
         self.streams = [b.outcomes for b in keys.run_buckets(run_buckets_for(redis))]
+        self._ack_with_end = {
+            stream: len(slots_of([stream, keys.shared_run("-")])) == 1 for stream in self.streams
+        }
+        """Per stream, whether its XACK can go in the transaction that ends the runs
+        (the stream shares the shared runs' slot: a standalone server)."""
         self._take_over_due: dict[str, float] = {}
         """Per stream, the loop time of the next look for abandoned entries."""
 
@@ -247,9 +261,17 @@ class OutcomeReader:
     async def _handle(self, stream: str, entries: list[tuple[Any, Any]]) -> int:
         """End the runs of the entries read together in one transaction, then
         acknowledge them all (one XACK): an entry is acknowledged only after its run
-        was ended, and a failure before that leaves every one of them to be read again."""
+        was ended, and a failure before that leaves every one of them to be read again.
+        Where the stream shares the shared runs' slot the XACK is queued in the ending
+        transaction itself (both land or neither)."""
         if not entries:
             return 0
+        ids = [entry_id for entry_id, _ in entries]
+
+        def ack(pipe: Any) -> None:
+            pipe.xack(stream, OUTCOME_GROUP, *ids)
+
+        acked = False
         outcomes: list[RunOutcome] = []
         for entry_id, fields in entries:
             if not fields:  # an entry trimmed away while pending has no fields: just ack it
@@ -259,15 +281,18 @@ class OutcomeReader:
             except ValueError as exc:  # a malformed outcome: never retried forever
                 log.warning("dropping run outcome %s: %s", entry_id, exc)
         if outcomes:
+            with_ack = self._ack_with_end[stream]
             try:
-                await end_shared_runs(self.runs, outcomes)
+                await end_shared_runs(self.runs, outcomes, always=ack if with_ack else None)
+                acked = with_ack
             except ValueError:  # a malformed record: one by one, dropping only its outcome
                 for outcome in outcomes:
                     try:
                         await end_shared_run(self.runs, outcome)
                     except ValueError as exc:  # never retried forever
                         log.warning("dropping run outcome of %s: %s", outcome.run_id, exc)
-        await self.redis.xack(stream, OUTCOME_GROUP, *[entry_id for entry_id, _ in entries])
+        if not acked:
+            await self.redis.xack(stream, OUTCOME_GROUP, *ids)
         self.handled += len(entries)
         return len(entries)
 

@@ -373,21 +373,27 @@ class SharedRunStore:
         self,
         ids: builtins.list[str],
         decide: Callable[[int, SharedRun], tuple[SharedRunStatus, dict[str, Any]] | None],
+        *,
+        always: Callable[[Any], None] | None = None,
     ) -> builtins.list[Transition | None]:
         """Many runs, each to the status and changes ``decide(i, record)`` picks from the
         record as the transaction reads it (None: leave it), in one transaction and as
         the table allows (:meth:`transition`); None for a run that does not exist.
         ``decide`` may be called again for a record when a concurrent write retried
-        the transaction."""
+        the transaction. ``always(pipe)`` queues further writes of the control slot
+        into the same transaction (see :func:`~.json_records.update_records`)."""
 
         def apply(i: int, run: SharedRun) -> SharedRun | None:
             decided = decide(i, run)
             return None if decided is None else _moved(run, decided[0], None, decided[1])
 
-        return await self._update_many(ids, apply)
+        return await self._update_many(ids, apply, always)
 
     async def _update_many(
-        self, ids: builtins.list[str], apply: Callable[[int, SharedRun], SharedRun | None]
+        self,
+        ids: builtins.list[str],
+        apply: Callable[[int, SharedRun], SharedRun | None],
+        always: Callable[[Any], None] | None = None,
     ) -> builtins.list[Transition | None]:
         """``apply(i, record)`` to the records of ``ids`` in one transaction (index
         upkeep included); each run's :class:`Transition`, None where it does not exist."""
@@ -398,6 +404,7 @@ class SharedRunStore:
             apply,
             also=_index_terminal,
             records=_PARSED,
+            always=always,
         )
         missing = [srid for srid, pair in zip(ids, records, strict=True) if pair is None]
         current = {r.shared_run_id: r for r in await self.get_many(missing)}

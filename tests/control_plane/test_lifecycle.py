@@ -484,3 +484,55 @@ async def test_runs_ended_together_leave_the_open_index_and_join_finished_and_th
     assert (await cp.runs.require(staying.shared_run_id)).status is (
         SharedRunStatus.QUEUED_GLOBALLY
     )
+
+
+class _AckRecording(Redis):
+    """A real client recording its lone XACKs and the XACKs queued in transactions."""
+
+    lone_acks = 0
+    acks_in_transactions = 0
+
+    async def xack(self, *args: Any, **kwargs: Any) -> Any:
+        self.lone_acks += 1
+        return await super().xack(*args, **kwargs)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
+            if transaction:
+                names = [str(cmd[0]).upper() for cmd, _ in pipe.command_stack]
+                self.acks_in_transactions += names.count("XACK")
+            return await execute(*args, **kwargs)
+
+        pipe.execute = recorded  # type: ignore[method-assign]
+        return pipe
+
+
+async def test_a_standalone_reader_acknowledges_in_the_transaction_that_ends_the_runs(
+    redis: Redis, cp: ControlPlane
+) -> None:
+    """On a standalone server the outcome stream shares the shared runs' slot, so the
+    XACK rides in the transaction that ends the runs (both land or neither, one round
+    trip fewer); an entry with no outcome to apply (malformed) is acknowledged alone."""
+    client = _AckRecording(connection_pool=redis.connection_pool)
+    runs = [await _dispatched(cp) for _ in range(3)]
+    store = SharedRunStore(client)
+    reader = OutcomeReader(client, store, "cp-test", block_ms=10)
+    await reader.ensure_group()
+    for run in runs:
+        await _write(redis, _outcome(run, RunStatus.COMPLETED))
+
+    assert await reader.read_new() == 3
+    assert (client.lone_acks, client.acks_in_transactions) == (0, 1)
+    for run in runs:
+        assert (await cp.runs.require(run.shared_run_id)).status is SharedRunStatus.SUCCEEDED
+    pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
+    assert pending["pending"] == 0
+
+    await redis.xadd(keys.RunBucket(0).outcomes, {"run_id": "run-x"})  # no outcome in it
+    assert await reader.read_new() == 1
+    assert (client.lone_acks, client.acks_in_transactions) == (1, 1)
+    pending = await redis.xpending(keys.RunBucket(0).outcomes, OUTCOME_GROUP)
+    assert pending["pending"] == 0
