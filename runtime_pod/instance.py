@@ -378,7 +378,7 @@ class RuntimeInstance:
             if not ids:
                 return
             ready: list[tuple[RunRecord, RunRequest]] = []
-            for run_id, loaded in zip(ids, await self.index.load_many(ids), strict=True):
+            for run_id, loaded in zip(ids, await self.index.load_queued(ids), strict=True):
                 if isinstance(loaded, ValueError):
                     log.error(
                         "%s: run %s has a corrupt record (%s); dropped",

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,10 @@ __all__ = [
 
 DEFAULT_RUN_RETENTION_S = 7 * 24 * 3600
 """How long a finished run's record stays readable (seconds): 7 days, as executions."""
+
+REMEMBERED_ACCEPTS = 4096
+"""How many accepted runs an index remembers for :meth:`RunIndex.load_queued` (more
+than a controller starts at once; a forgotten one is read back)."""
 
 _MAX_REASON = 2000
 
@@ -120,6 +125,10 @@ class RunIndex:
         self.retention_s = retention_s
         self.buckets = run_buckets_for(redis)
         self._layout = LayoutGuard(lambda: check_run_layout(redis))
+        self._fresh: OrderedDict[str, tuple[RunRecord, RunRequest]] = OrderedDict()
+        """Runs this index accepted into a queue and nobody loaded yet, as the acceptance
+        wrote them (at most :data:`REMEMBERED_ACCEPTS`, oldest dropped first): what
+        :meth:`load_queued` hands the controller without reading the records back."""
 
     def run_key(self, run_id: str) -> str:
         """The record of ``run_id`` in this client's layout."""
@@ -255,7 +264,9 @@ class RunIndex:
         snap = request.snapshot
         code = int(reply[0])
         if code == 1:
-            return _s(reply[1]), True
+            run_id = _s(reply[1])
+            self._remember(instance_id, request, run_id, int(reply[2]))
+            return run_id, True
         if code == 2:
             raise QueueFull(instance_id, queue_capacity)
         if code != 0:
@@ -268,6 +279,26 @@ class RunIndex:
                 f"refused for tenant {snap.tenant_id}."
             )
         return existing, False
+
+    def _remember(
+        self, instance_id: str, request: RunRequest, run_id: str, created_at_ms: int
+    ) -> None:
+        """Keep the record the acceptance script just wrote (same fields, same values)."""
+        snap = request.snapshot
+        record = RunRecord(
+            run_id=run_id,
+            shared_run_id=request.shared_run_id,
+            instance_id=instance_id,
+            tenant_id=snap.tenant_id,
+            tenant_group_id=snap.tenant_group_id or None,
+            status=RunStatus.QUEUED,
+            created_at_ms=created_at_ms,
+            snapshot=snap,
+            metadata=dict(request.metadata),
+        )
+        self._fresh[run_id] = (record, request)
+        if len(self._fresh) > REMEMBERED_ACCEPTS:
+            self._fresh.popitem(last=False)
 
     async def start_many(
         self,
@@ -519,6 +550,22 @@ class RunIndex:
             except ValueError as exc:
                 out.append(exc)
         return out
+
+    async def load_queued(
+        self, run_ids: list[str]
+    ) -> list[tuple[RunRecord, RunRequest] | ValueError | None]:
+        """:meth:`load_many` for the controller starting these queued runs: a run this
+        index accepted itself comes from memory, as the acceptance wrote it (a round
+        trip fewer for a run that arrives alone), the others are read. A remembered
+        record may be stale -- the run cancelled or adopted elsewhere since -- which is
+        safe for a start: ``startRun`` reads the status and the owner itself and refuses
+        a run that is no longer queued on this instance (it only leaves the queue)."""
+        found = [self._fresh.pop(run_id, None) for run_id in run_ids]
+        missing = [run_id for run_id, hit in zip(run_ids, found, strict=True) if hit is None]
+        if not missing:
+            return list(found)
+        loaded = iter(await self.load_many(missing))
+        return [hit if hit is not None else next(loaded) for hit in found]
 
     async def get_for_tenant(self, run_id: str, tenant_id: str) -> RunRecord | None:
         """The record of ``run_id`` if it belongs to ``tenant_id``; None otherwise."""

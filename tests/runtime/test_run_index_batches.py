@@ -14,9 +14,11 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime.core import keys
-from airuntime.fleet.run_index import QueueFull
+from airuntime.fleet import run_index as run_index_module
+from airuntime.fleet.run_index import QueueFull, RunIndex
 from airuntime.fleet.runs import RunStatus
 from airuntime.fleet.tenancy import TenantSettings, default_settings
+from tests.round_trips import RoundTripCounting
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import pipeline, request
 
@@ -97,3 +99,72 @@ async def test_concurrent_accepts_on_a_standalone_server_never_overshoot_the_que
     for i, answer in enumerate(answers):
         if isinstance(answer, QueueFull):
             assert await index.run_for_shared(f"sr-q{i}") is None, "nothing written"
+
+
+async def test_a_run_accepted_here_is_loaded_from_memory_as_the_acceptance_wrote_it(
+    runtime: Runtime, redis: Redis
+) -> None:
+    """The controller's load of runs this index just accepted needs no round trip, and
+    gives exactly what reading the records back gives (with and without a tenant group
+    and metadata); a run loaded once, or accepted by another index, is read back."""
+    index = runtime.index
+    with_group = request(pipeline(2), group="group-1", tenant="tenant-b")
+    with_group = with_group.model_copy(update={"metadata": {"origin": "api", "n": "2"}})
+    ids = [
+        (await index.accept("mem-1", req))[0]
+        for req in (request(pipeline(1)), with_group, request(pipeline(3), tenant="tenant-c"))
+    ]
+    counting = RoundTripCounting.sharing(redis)
+    index.redis = counting
+    remembered = await index.load_queued(ids)
+    assert counting.taken() == 0, "runs accepted here: no round trip"
+    read_back = await index.load_many(ids)
+    assert counting.taken() == 1
+    assert remembered == read_back
+    assert all(r is not None and not isinstance(r, ValueError) for r in remembered)
+    again = await index.load_queued(ids)
+    assert counting.taken() == 1, "loaded once already: read back, in one round trip"
+    assert again == read_back
+    elsewhere = RunIndex(redis)
+    other, _ = await elsewhere.accept("mem-1", request(pipeline(1)))
+    mixed = await index.load_queued([ids[0], other])
+    assert counting.taken() == 1 and mixed == await elsewhere.load_many([ids[0], other])
+
+
+async def test_a_remembered_run_cancelled_since_is_refused_by_the_start_and_leaves_the_queue(
+    runtime: Runtime, redis: Redis
+) -> None:
+    """Memory may be stale -- the run was cancelled after it was accepted -- and that is
+    safe: startRun reads the status itself, refuses the start, and the run only leaves
+    the queue; its record stays Cancelled."""
+    index = runtime.index
+    run_id, _ = await index.accept("mem-2", request(pipeline(1)))
+    record = await index.get_for_tenant(run_id, "tenant-a")
+    assert record is not None
+    assert await index.cancel_queued(record, "cancelled by its tenant")
+    [stale] = await index.load_queued([run_id])
+    assert stale is not None and not isinstance(stale, ValueError)
+    assert stale[0].status is RunStatus.QUEUED, "what memory says"
+    await redis.rpush(index.queue_key("mem-2"), run_id)  # as if still queued
+    batch = await index.start_batch("mem-2", [(run_id, "ex-late")])
+    assert batch.started == [False]
+    assert await redis.lrange(index.queue_key("mem-2"), 0, -1) == []
+    now = await index.get_for_tenant(run_id, "tenant-a")
+    assert now is not None and now.status is RunStatus.CANCELLED and now.execution_id is None
+
+
+async def test_an_index_remembers_a_bounded_number_of_accepted_runs(
+    runtime: Runtime, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs accepted but never loaded (adopted elsewhere, say) do not pile up: past the
+    bound the oldest is forgotten and read back when asked for."""
+    monkeypatch.setattr(run_index_module, "REMEMBERED_ACCEPTS", 2)
+    index = runtime.index
+    ids = [(await index.accept("mem-3", request(pipeline(1))))[0] for _ in range(3)]
+    counting = RoundTripCounting.sharing(redis)
+    index.redis = counting
+    newest = await index.load_queued(ids[1:])
+    assert counting.taken() == 0
+    oldest = await index.load_queued(ids[:1])
+    assert counting.taken() == 1
+    assert [*oldest, *newest] == await index.load_many(ids)
