@@ -33,6 +33,7 @@ from redis.asyncio.cluster import (
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.exceptions import CrossSlotTransactionError, RedisClusterException
 
+from airuntime.core.connection_pool import LeanConnectionPool
 from airuntime.core.resp_packing import hiredis_connection_class, use_hiredis_packing
 from airuntime.core.slots import command_keys, slots_of
 
@@ -296,7 +297,8 @@ def _connect(url: str, options: dict[str, Any]) -> CountingRedis | CountingRedis
         # connections mid-command; a pool of many slots exceeds 100 calls in flight.
         options.setdefault("max_connections", CLUSTER_MAX_CONNECTIONS)
         return _packing_with_hiredis(_cluster(url, options))
-    client = CountingRedis.from_url(url, **options)
-    assert isinstance(client, CountingRedis)
+    # As Redis.from_url, with the lean pool (airuntime.core.connection_pool).
+    client = CountingRedis(connection_pool=LeanConnectionPool.from_url(url, **options))
+    client.auto_close_connection_pool = True
     use_hiredis_packing(client)
     return client

@@ -1,0 +1,144 @@
+"""The lean connection pool keeps what a pool must guarantee on a real server.
+
+* ``connect()`` gives a standalone client on :class:`LeanConnectionPool`; closing the
+  client closes its pool's connections.
+* Many borrowers released together each get a connection of their own, every one comes
+  back, and the cap holds.
+* A connection that comes back with an unread reply is not lent dirty: the next borrow
+  reconnects it. A connection the server killed is replaced on the next command.
+* A pool whose connections take a credential provider keeps redis-py's own path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import ConnectionPool, Redis
+from redis.credentials import UsernamePasswordCredentialProvider
+from redis.exceptions import MaxConnectionsError
+
+from airuntime.core.connection_pool import LeanConnectionPool
+from airuntime.core.redis_client import CountingRedis, clone, connect
+from tests.conftest import RedisServerInfo
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_connect_uses_the_lean_pool_and_closing_the_client_closes_it(
+    redis_server: RedisServerInfo,
+) -> None:
+    client = connect(redis_server.url)
+    assert isinstance(client, CountingRedis)
+    pool = client.connection_pool
+    assert isinstance(pool, LeanConnectionPool)
+    assert await client.ping()
+    assert isinstance(clone(client).connection_pool, LeanConnectionPool)
+    [connection] = pool._available_connections
+    assert connection.is_connected
+    await client.aclose()
+    assert not connection.is_connected
+
+
+async def test_many_borrowers_at_once_each_get_their_own_connection_and_return_it(
+    redis_server: RedisServerInfo,
+) -> None:
+    contenders = 40
+    client = connect(redis_server.url, max_connections=contenders)
+    pool = client.connection_pool
+    barrier = asyncio.Barrier(contenders)
+    held = []
+
+    async def borrower() -> None:
+        await barrier.wait()
+        connection = await pool.get_connection()
+        held.append(connection)
+        await barrier.wait()  # all of them hold one at the same time
+        await pool.release(connection)
+
+    try:
+        await asyncio.gather(*(borrower() for _ in range(contenders)))
+        assert len({id(c) for c in held}) == contenders
+        assert not pool._in_use_connections
+        assert len(pool._available_connections) == contenders
+        borrowed = [await pool.get_connection() for _ in range(contenders)]
+        with pytest.raises(MaxConnectionsError):
+            await pool.get_connection()
+        for connection in borrowed:
+            await pool.release(connection)
+    finally:
+        await client.aclose()
+
+
+async def _lend_with_unread_reply(client: Redis) -> None:
+    """Borrow the one connection, send a GET, give it back with the reply unread."""
+    pool = client.connection_pool
+    connection = await pool.get_connection()
+    await connection.send_command("GET", "k")  # its reply is never read
+    while not await connection.can_read():  # until the reply is in the socket
+        await asyncio.sleep(0)
+    await pool.release(connection)
+
+
+async def test_redis_pys_own_pool_lends_a_connection_with_an_unread_reply(
+    redis_server: RedisServerInfo,
+) -> None:
+    """Why the lean pool checks always: redis-py 8's pool, with maintenance
+    notifications on by default, hands the connection out as it is, and the next
+    command reads the reply of the one before."""
+    client = Redis(connection_pool=ConnectionPool.from_url(redis_server.url, max_connections=1))
+    try:
+        await client.set("k", "v")
+        await client.delete("n")
+        await _lend_with_unread_reply(client)
+        assert await client.incr("n") == b"v", "the GET's reply, read by the INCR"
+    finally:
+        await client.aclose()
+        await client.connection_pool.disconnect()
+
+
+async def test_a_connection_returned_with_an_unread_reply_is_not_lent_dirty(
+    redis_server: RedisServerInfo,
+) -> None:
+    client = connect(redis_server.url, max_connections=1)
+    pool = client.connection_pool
+    try:
+        await client.set("k", "v")
+        await client.delete("n")
+        connection = await pool.get_connection()
+        await pool.release(connection)
+        await _lend_with_unread_reply(client)
+        assert await client.incr("n") == 1 and await client.incr("n") == 2
+        [again] = pool._available_connections
+        assert again is connection, "the same connection, made again"
+    finally:
+        await client.aclose()
+
+
+async def test_a_connection_the_server_killed_is_replaced_on_the_next_command(
+    redis_server: RedisServerInfo, redis: Redis
+) -> None:
+    client = connect(redis_server.url, max_connections=1)
+    try:
+        client_id = await client.client_id()
+        await redis.client_kill_filter(_id=client_id)
+        assert await client.ping()
+        assert await client.client_id() != client_id
+    finally:
+        await client.aclose()
+
+
+async def test_a_pool_with_a_credential_provider_keeps_redis_pys_path(
+    redis_server: RedisServerInfo,
+) -> None:
+    provider = UsernamePasswordCredentialProvider("default", "")
+    pool = LeanConnectionPool.from_url(redis_server.url, credential_provider=provider)
+    lean = LeanConnectionPool.from_url(redis_server.url)
+    assert (pool._lean, lean._lean) == (False, True)
+    client = Redis(connection_pool=pool)
+    try:
+        assert await client.ping()
+    finally:
+        await client.aclose()
+        await pool.disconnect()
+        await lean.disconnect()
