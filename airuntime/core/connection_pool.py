@@ -61,8 +61,11 @@ class LeanConnectionPool(ConnectionPool):
             self._available_connections.append(connection)
 
     async def _ensure_clean(self, connection: AbstractConnection) -> None:
-        """Connected, with nothing left to read (else made again, once)."""
-        await connection.connect()  # type: ignore[no-untyped-call]
+        """Connected, with nothing left to read (else made again, once). A connected
+        connection skips ``connect()``, which would return at once but only after
+        entering its retry wrapper."""
+        if not connection.is_connected:
+            await connection.connect()  # type: ignore[no-untyped-call]
         try:
             if await connection.can_read():
                 raise RedisConnectionError("Connection has data")
