@@ -82,6 +82,9 @@ LOOPS = (
 RETENTION_EVERY_HEARTBEATS = 10
 """The retention sweep runs once every this many heartbeats."""
 
+PUBLISH_GUESSES = 3
+"""Publications tried with a guessed queue length before reading it (:meth:`_publish`)."""
+
 
 @dataclass
 class _Participation:
@@ -158,6 +161,8 @@ class RuntimeInstance:
         self.control_plane_id: str | None = None
         self._changed = asyncio.Event()
         self.last_capacity: CapacityDescriptor | None = None
+        self._queue_length_seen = 0
+        """The local queue's length the last publication found (its next guess)."""
 
     # -- capacity and health ---------------------------------------------------------
 
@@ -191,12 +196,15 @@ class RuntimeInstance:
             if not health.healthy and health.consecutive_errors > 0
         ]
 
-    async def capacity(self) -> CapacityDescriptor:
+    async def capacity(self, queued: int | None = None) -> CapacityDescriptor:
+        """The capacity now, with the local queue's length read (or ``queued``)."""
+        if queued is None:
+            queued = await self.index.queue_length(self.instance_id)
         self.last_capacity = CapacityDescriptor.compute(
             worker_count=self.config.workers,
             active_worker_count=self.active_workers,
             max_local_workers_per_execution=self.config.max_local_workers_per_execution,
-            queued_run_count=await self.index.queue_length(self.instance_id),
+            queued_run_count=queued,
             running_run_count=self.running_runs,
             queue_capacity=self.config.queue_capacity,
             max_concurrent_runs=self.config.max_concurrent_runs,
@@ -205,7 +213,8 @@ class RuntimeInstance:
         )
         return self.last_capacity
 
-    async def descriptor(self) -> InstanceDescriptor:
+    async def descriptor(self, queued: int | None = None) -> InstanceDescriptor:
+        """What this instance publishes (``queued``: the local queue's length, if known)."""
         cfg = self.config
         return InstanceDescriptor(
             instance_id=self.instance_id,
@@ -220,13 +229,32 @@ class RuntimeInstance:
             prefer_dedicated=cfg.prefer_dedicated,
             allow_shared_fallback=cfg.allow_shared_fallback,
             runtime_prefix=cfg.runtime_prefix,
-            capacity=await self.capacity(),
+            capacity=await self.capacity(queued),
             control_plane_id=self.control_plane_id,
             unhealthy_loops=tuple(self.unhealthy_loops()),
         )
 
     async def _publish(self) -> None:
-        await self.registry.publish(await self.descriptor(), self.config.heartbeat_ttl_ms)
+        """Publish the descriptor. Where the local queue shares the descriptor's slot (a
+        standalone server) the queue's length is not read first: the descriptor is made
+        with the length the last publication found, and the script publishes it only
+        if the queue still has it (else it answers the length, and the descriptor is
+        made again with it) -- one round trip instead of two when it holds."""
+        ttl = self.config.heartbeat_ttl_ms
+        if self.index.buckets > 1:
+            await self.registry.publish(await self.descriptor(), ttl)
+            return
+        queue = self.index.queue_key(self.instance_id)
+        for _ in range(PUBLISH_GUESSES):
+            descriptor = await self.descriptor(self._queue_length_seen)
+            published, value = await self.registry.publish_if_queued(descriptor, ttl, queue)
+            if published:
+                return
+            self._queue_length_seen = value
+        # The queue moved under every guess (a busy queue): read it, then publish.
+        descriptor = await self.descriptor()
+        self._queue_length_seen = descriptor.capacity.queued_run_count
+        await self.registry.publish(descriptor, ttl)
 
     # -- intake ----------------------------------------------------------------------
 

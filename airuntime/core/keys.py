@@ -121,11 +121,13 @@ touches keys of one hash slot, so it runs on a Redis Cluster
 key                                 type    content / written by
 ==================================  ======  ================================================
 ``air:{air}:instances``             zset    runtime instance id -> heartbeat expiry ms (Redis
-                                            time). publishInstance-2.lua adds and prunes;
+                                            time). publishInstance-2.lua /
+                                            publishInstanceQueued-3.lua add and prune;
                                             unregister (transaction with the descriptor).
 ``air:{air}:instance:<id>``         string  InstanceDescriptor JSON stamped with Redis time,
-                                            PX = heartbeat TTL. publishInstance-2.lua;
-                                            unregister; RunIndex.adopt reads it (alive?).
+                                            PX = heartbeat TTL. publishInstance-2.lua /
+                                            publishInstanceQueued-3.lua; unregister;
+                                            RunIndex.adopt reads it (alive?).
 ``air:{air}:tenants``               set     tenant ids with stored settings. registry
                                             (transaction with the settings).
 ``air:{air}:tenant:<id>:settings``  string  TenantSettings JSON. registry (local YAML /

@@ -12,7 +12,8 @@ Keys (see :mod:`airuntime.core.keys`):
 * ``air:{air}:instances`` zset: instance id -> heartbeat expiry (Redis time, ms). Pruned on
   every publication; readers take the descriptors that still exist.
 * ``air:{air}:instance:<id>`` string: the :class:`InstanceDescriptor` JSON, with PX TTL,
-  written by ``publishInstance-2.lua``.
+  written by ``publishInstance-2.lua`` (``publishInstanceQueued-3.lua`` where the local
+  queue shares the slot: the queue length checked in the same call).
 
 Time: a descriptor's ``heartbeat_at_ms`` and ``capacity.snapshot_at_ms`` are **Redis
 time**, stamped by the publishing script (``TIME``), never the runtime's clock. This is
@@ -166,6 +167,27 @@ class Registry:
             [descriptor.instance_id, descriptor.model_dump_json(), ttl_ms],
         )
         return int(reply[1])
+
+    async def publish_if_queued(
+        self, descriptor: InstanceDescriptor, ttl_ms: int, queue_key: str
+    ) -> tuple[bool, int]:
+        """:meth:`publish` of a descriptor computed with a guess of the instance's local
+        queue length (its ``capacity.queued_run_count``), only if the queue at
+        ``queue_key`` (the descriptor's slot: a standalone server) has that length, in
+        one round trip (``publishInstanceQueued-3``): ``(True, Redis time)`` when
+        published, ``(False, the queue's length)`` when nothing was written."""
+        reply: Any = await self.scripts.call(
+            self.redis,
+            "publishInstanceQueued",
+            [keys.instance(descriptor.instance_id), keys.instances(), queue_key],
+            [
+                descriptor.instance_id,
+                descriptor.model_dump_json(),
+                ttl_ms,
+                descriptor.capacity.queued_run_count,
+            ],
+        )
+        return int(reply[0]) == 1, int(reply[1])
 
     async def unregister(self, instance_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)

@@ -16,13 +16,6 @@
   Output:
     {1, nowMs}  published; nowMs is the Redis time written into the descriptor
 ]]
---- @include "nowMs"
+--- @include "publishDescriptor"
 
-local now = nowMs()
-local ttl = tonumber(ARGV[3])
-local descriptor = string.gsub(ARGV[2], '"heartbeat_at_ms":%-?%d+', '"heartbeat_at_ms":' .. now, 1)
-descriptor = string.gsub(descriptor, '"snapshot_at_ms":%-?%d+', '"snapshot_at_ms":' .. now, 1)
-redis.call('SET', KEYS[1], descriptor, 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 1)
-return {1, now}
+return {1, publishDescriptor(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])}

@@ -165,7 +165,20 @@ class HeartbeatProbe:
             self.last = descriptor
             self.signal.notify()
 
+        original_if_queued = instance.registry.publish_if_queued
+
+        async def publish_if_queued(
+            descriptor: InstanceDescriptor, ttl_ms: int, queue_key: str
+        ) -> tuple[bool, int]:
+            answer = await original_if_queued(descriptor, ttl_ms, queue_key)
+            if answer[0]:
+                self.count += 1
+                self.last = descriptor
+                self.signal.notify()
+            return answer
+
         instance.registry.publish = publish  # type: ignore[method-assign]
+        instance.registry.publish_if_queued = publish_if_queued  # type: ignore[method-assign]
 
     async def rounds(self, n: int) -> None:
         """Wait for ``n`` more publications (n >= 2 spans one full heartbeat round)."""

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from airuntime.core import keys
 from airuntime.core.context import current_context
+from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunStatus
 from runtime_pod.instance import RunRefused
 from tests.runtime.conftest import Runtime
@@ -323,3 +324,33 @@ async def test_with_no_worker_free_the_next_run_waits_queued_and_then_completes(
     runtime.gate.open()
     assert await runtime.watcher.reached(second, "completed", "failed") == "completed"
     assert runtime.watcher.states[second] == ["queued", "running", "completed"]
+
+
+async def test_a_publication_guesses_the_queue_length_and_never_publishes_a_wrong_one(
+    runtime: Runtime, redis: Redis
+) -> None:
+    """On a standalone server an instance publishes its descriptor in one script call
+    made with the queue length its last publication found; a queue that changed behind
+    it (a run queued by another writer here) costs one more call, and the descriptor
+    published names the queue's real length."""
+    inst = runtime.instance("rq-pub")
+    calls: list[tuple[int, bool]] = []
+    original = inst.registry.publish_if_queued
+
+    async def counted(descriptor: InstanceDescriptor, ttl_ms: int, queue: str) -> tuple[bool, int]:
+        answer = await original(descriptor, ttl_ms, queue)
+        calls.append((descriptor.capacity.queued_run_count, answer[0]))
+        return answer
+
+    inst.registry.publish_if_queued = counted  # type: ignore[method-assign]
+    await inst._publish()
+    assert calls == [(0, True)], "steady: one call"
+    calls.clear()
+    await redis.rpush(inst.index.queue_key("rq-pub"), "run-a", "run-b", "run-c")
+    await inst._publish()
+    assert calls == [(0, False), (3, True)]
+    published = await runtime.registry.get("rq-pub")
+    assert published is not None and published.capacity.queued_run_count == 3
+    calls.clear()
+    await inst._publish()
+    assert calls == [(3, True)], "the length found is the next guess"

@@ -55,11 +55,11 @@ async def test_stop_returns_even_when_a_redis_call_swallows_the_cancellation(
     """redis-py (8.1) sometimes swallows a cancellation that lands inside a command; the
     heartbeat then carries on as if never cancelled. Reproduced here deterministically."""
     inst = runtime.instance("reg-1", heartbeat_s=0.05)
-    original = inst.registry.publish
+    original = inst.registry.publish_if_queued  # a standalone server's publication
     inside = asyncio.Event()
     armed = [True]
 
-    async def publish(descriptor: InstanceDescriptor, ttl_ms: int) -> None:
+    async def publish(descriptor: InstanceDescriptor, ttl_ms: int, queue: str) -> tuple[bool, int]:
         task = asyncio.current_task()
         if armed[0] and task is not None and task.get_name().endswith(":heartbeat"):
             armed[0] = False
@@ -67,10 +67,10 @@ async def test_stop_returns_even_when_a_redis_call_swallows_the_cancellation(
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
-                return  # swallowed, as redis-py does
-        await original(descriptor, ttl_ms)
+                return True, 0  # swallowed, as redis-py does
+        return await original(descriptor, ttl_ms, queue)
 
-    inst.registry.publish = publish  # type: ignore[method-assign]
+    inst.registry.publish_if_queued = publish  # type: ignore[method-assign]
     await inst.start()
     await asyncio.wait_for(inside.wait(), DEADLINE_S)
     await asyncio.wait_for(inst.stop(), DEADLINE_S)

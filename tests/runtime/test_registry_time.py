@@ -114,3 +114,32 @@ async def test_a_reservation_expires_by_redis_time_and_a_skewed_runtime_cannot_e
     assert fresh is not None
     assert await _reserve(redis, fresh, ttl_ms, grace_ms) == 1
     assert await _reserve(redis, client_stamped, ttl_ms, grace_ms) == -7, "not overfilled"
+
+
+async def test_a_publication_with_a_guessed_queue_length_writes_only_if_it_holds(
+    redis: Redis,
+) -> None:
+    """publishInstanceQueued-3: a descriptor made with the queue length the last
+    publication found is written, stamped, only while the queue has that length; else
+    nothing is written and the length now comes back."""
+    registry = Registry(redis)
+    queue = keys.instance_queue("rt-q")
+    guessed = _descriptor("rt-q", 0)
+    assert guessed.capacity.queued_run_count == 0
+    published, stamp = await registry.publish_if_queued(guessed, 60_000, queue)
+    assert published and abs(stamp - await _redis_ms(redis)) < 5_000
+    stored = await registry.get("rt-q")
+    assert stored is not None and stored.heartbeat_at_ms == stamp
+    assert await redis.zscore(keys.instances(), "rt-q") == stamp + 60_000
+
+    await redis.rpush(queue, "run-1", "run-2")
+    before = await redis.get(keys.instance("rt-q"))
+    assert await registry.publish_if_queued(guessed, 60_000, queue) == (False, 2)
+    assert await redis.get(keys.instance("rt-q")) == before, "nothing written"
+
+    right = guessed.model_copy(
+        update={"capacity": guessed.capacity.model_copy(update={"queued_run_count": 2})}
+    )
+    published, _ = await registry.publish_if_queued(right, 60_000, queue)
+    stored = await registry.get("rt-q")
+    assert published and stored is not None and stored.capacity.queued_run_count == 2
