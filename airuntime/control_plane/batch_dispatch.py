@@ -63,13 +63,12 @@ async def dispatch_batch(
 ) -> list[DispatchResult]:
     """One batch cycle of up to ``count`` runs; one result per claimed item (none: the
     queue had nothing for this pump)."""
-    items = await d.queue.claim_batch(d.identity.worker_id, count, skip_tenants)
-    if not items:
+    claimed = await d.queue.claim_and_read(d.identity.worker_id, count, skip_tenants, _key)
+    if not claimed:
         return []
-    raws = await d.runs.redis.mget([_key(i.shared_run_id) for i in items])
     left: list[DispatchResult] = []
     groups: dict[tuple[str, str | None], list[Claimed]] = defaultdict(list)
-    for item, raw in zip(items, raws, strict=True):
+    for item, raw in claimed:
         run = parse_shared_run(raw) if raw else None
         if run is None or run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             left.append(await d.leave(item, run))  # not a dispatch: not observed

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
 from airuntime.control_plane.queue_tenants import QueueTenants, TenantHead
 from airuntime.core import keys
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, is_cluster
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
 
@@ -181,6 +181,21 @@ class SharedQueue:
         those of ``skip_tenants``, in queue order, claimed for ``claimer``: one read of
         the heads, then one claim per tenant with items among the oldest ``count``, all
         in one round trip."""
+        return [item for item, _ in await self.claim_and_read(claimer, count, skip_tenants)]
+
+    async def claim_and_read(
+        self,
+        claimer: str,
+        count: int,
+        skip_tenants: frozenset[str] = frozenset(),
+        record_key: Callable[[str], str] | None = None,
+    ) -> list[tuple[ClaimedItem, Any]]:
+        """:meth:`claim_batch`, each claimed item with the value at
+        ``record_key(shared_run_id)`` (None without ``record_key``) read after its
+        claim. The records of the items the heads showed are read in the claims' round
+        trip, after them (:meth:`ScriptLibrary.call_in_order`: one round trip on a
+        standalone server); an item claimed beyond those (another pump took some of
+        them) is read in one more."""
         count = max(1, count)
         heads = await self._heads(count, skip_tenants)
         oldest = _oldest(heads, count)
@@ -194,11 +209,20 @@ class SharedQueue:
             shares[tenant] = shares.get(tenant, 0) + 1
         if not shares:
             return []
-        replies = await self.scripts.call_many(
-            self.redis,
-            "claimSharedRuns",
-            [self._call(t, claimer, self.claim_lease_ms, n) for t, n in shares.items()],
-        )
+        calls = [
+            ScriptCall("claimSharedRuns", *self._call(t, claimer, self.claim_lease_ms, n))
+            for t, n in shares.items()
+        ]
+        records: dict[str, Any] = {}
+        if record_key is not None and not is_cluster(self.redis):
+            seen = [srid for _, _, srid in oldest]
+            then = [["MGET", *(record_key(srid) for srid in seen)]]
+            replies = await self.scripts.call_in_order(self.redis, calls, then)
+            records = dict(zip(seen, replies.pop(), strict=True))
+        else:  # a cluster: the claims of several tenants' slots go out together
+            replies = await self.scripts.call_many(
+                self.redis, "claimSharedRuns", [(c.keys, c.args) for c in calls]
+            )
         claimed: list[tuple[float, ClaimedItem]] = []
         for reply in replies:
             if isinstance(reply, Exception):
@@ -210,7 +234,14 @@ class SharedQueue:
                 claimed.append((float(score), ClaimedItem(srid, token, tenant)))
         # In queue order: by each item's own score (another pump may have taken some
         # of the items seen in the heads, and the claim then took the next ones).
-        return [item for _, item in sorted(claimed, key=lambda c: c[0])]
+        items = [item for _, item in sorted(claimed, key=lambda c: c[0])]
+        if record_key is None:
+            return [(item, None) for item in items]
+        unseen = [i.shared_run_id for i in items if i.shared_run_id not in records]
+        if unseen:
+            raws = await self.redis.mget([record_key(srid) for srid in unseen])
+            records.update(zip(unseen, raws, strict=True))
+        return [(item, records[item.shared_run_id]) for item in items]
 
     async def claim(self, claimer: str, shared_run_id: str, tenant_id: str) -> ClaimedItem | None:
         """Claim one specific Pending item (DirectDispatch)."""

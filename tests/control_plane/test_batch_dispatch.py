@@ -178,14 +178,14 @@ async def test_a_pass_that_claimed_fewer_runs_than_it_asked_for_stops_without_an
     cp = manual_cp(redis, scale_out_enabled=False)
     target = await _recording(redis, cp, "runtime-instance-1")
     claims: list[int] = []
-    real = cp.queue.claim_batch
+    real = cp.queue.claim_and_read
 
-    async def counted(claimer: str, count: int, skip: frozenset[str] = frozenset()) -> Any:
-        claimed = await real(claimer, count, skip)
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        claimed = await real(*args, **kwargs)
         claims.append(len(claimed))
         return claimed
 
-    cp.queue.claim_batch = counted  # type: ignore[method-assign]
+    cp.queue.claim_and_read = counted  # type: ignore[method-assign]
     async with running_cp(cp):
         for _ in range(70):
             await cp.submit(TINY_PIPELINE, snap())

@@ -378,3 +378,43 @@ async def test_the_heads_of_the_tenants_listed_last_time_come_with_the_index(
         assert counting.taken() == 1
     finally:
         await counting.aclose()
+
+
+async def test_a_claim_reads_the_records_of_the_items_it_saw_in_the_same_round_trip(
+    valkey: Redis, valkey_url: str
+) -> None:
+    """On a standalone server the pump's claim carries the read of the records of the
+    items the heads showed, after the claims; an item another pump took between the
+    heads and the claim makes this one take the next item, read in one more round
+    trip, and every record comes with its own item."""
+    seed = SharedQueue(valkey)
+    for n in range(4):
+        await seed.enqueue(_srid(1, n), "tenant-1")
+        await valkey.set(f"record:{_srid(1, n)}", f"value-{n}")
+    counting = RoundTripCounting.from_url(valkey_url)
+    queue = SharedQueue(counting)
+    try:
+        await queue.tenants.heads(4)  # the tenant is listed: the guess holds from now
+        counting.taken()
+        claimed = await queue.claim_and_read("pump-1", 2, record_key=lambda s: f"record:{s}")
+        assert [(i.shared_run_id, v) for i, v in claimed] == [
+            (_srid(1, 0), b"value-0"),
+            (_srid(1, 1), b"value-1"),
+        ]
+        assert counting.taken() == 2, "the heads, then the claim with its read"
+
+        real_heads = queue.tenants.heads
+
+        async def heads_then_a_rival(*args: Any, **kwargs: Any) -> Any:
+            heads = await real_heads(*args, **kwargs)
+            rival = await SharedQueue(valkey).claim_next("pump-2")  # takes the oldest seen
+            assert rival is not None and rival.shared_run_id == _srid(1, 2)
+            return heads
+
+        queue.tenants.heads = heads_then_a_rival  # type: ignore[method-assign]
+        claimed = await queue.claim_and_read("pump-1", 1, record_key=lambda s: f"record:{s}")
+        assert [(i.shared_run_id, v) for i, v in claimed] == [(_srid(1, 3), b"value-3")]
+        assert counting.taken() == 3, "the heads, the claim with its read, the unseen item"
+        assert await seed.status(_srid(1, 3), "tenant-1") is QueueItemStatus.CLAIMED
+    finally:
+        await counting.aclose()
