@@ -76,9 +76,11 @@ __all__ = [
 DEFAULT_RUN_RETENTION_S = 7 * 24 * 3600
 """How long a finished run's record stays readable (seconds): 7 days, as executions."""
 
-REMEMBERED_ACCEPTS = 4096
+REMEMBERED_ACCEPTS = 1024
 """How many accepted runs an index remembers for :meth:`RunIndex.load_queued` (more
-than a controller starts at once; a forgotten one is read back)."""
+than a controller starts at once; a forgotten one is read back). Each entry holds its
+run's request (pipeline and inputs), so runs that leave the queue unstarted (cancelled
+elsewhere, adopted) must not pile up: the oldest go first past this bound."""
 
 _MAX_REASON = 2000
 
@@ -127,7 +129,8 @@ class RunIndex:
         self._layout = LayoutGuard(lambda: check_run_layout(redis))
         self._fresh: OrderedDict[str, tuple[RunRecord, RunRequest]] = OrderedDict()
         """Runs this index accepted into a queue and nobody loaded yet, as the acceptance
-        wrote them (at most :data:`REMEMBERED_ACCEPTS`, oldest dropped first): what
+        wrote them (at most :data:`REMEMBERED_ACCEPTS`, oldest dropped first; a run
+        cancelled or dropped from the queue through this index is forgotten at once): what
         :meth:`load_queued` hands the controller without reading the records back."""
 
     def run_key(self, run_id: str) -> str:
@@ -419,6 +422,7 @@ class RunIndex:
     async def cancel_queued(self, record: RunRecord, reason: str) -> bool:
         """Cancel a run that has not started: True if it was still queued (it left its
         queue, Cancelled, with its outcome); False if it started or ended meanwhile."""
+        self._fresh.pop(record.run_id, None)
         return await self.finish(
             record, RunStatus.CANCELLED, reason=reason, only_if=RunStatus.QUEUED
         )
@@ -431,6 +435,7 @@ class RunIndex:
         await self.redis.hset(self.run_key(run_id), "metadata", json.dumps(merged, sort_keys=True))
 
     async def remove_queued(self, instance_id: str, run_id: str) -> bool:
+        self._fresh.pop(run_id, None)
         return int(await self.redis.lrem(self.queue_key(instance_id), 0, run_id)) > 0
 
     async def requeue(self, instance_id: str, run_id: str) -> None:

@@ -134,14 +134,15 @@ async def test_a_run_accepted_here_is_loaded_from_memory_as_the_acceptance_wrote
 async def test_a_remembered_run_cancelled_since_is_refused_by_the_start_and_leaves_the_queue(
     runtime: Runtime, redis: Redis
 ) -> None:
-    """Memory may be stale -- the run was cancelled after it was accepted -- and that is
-    safe: startRun reads the status itself, refuses the start, and the run only leaves
-    the queue; its record stays Cancelled."""
+    """Memory may be stale -- the run was cancelled after it was accepted, through
+    another process's index (the control plane's) -- and that is safe: startRun reads
+    the status itself, refuses the start, and the run only leaves the queue; its record
+    stays Cancelled. A cancel through this very index forgets the run at once."""
     index = runtime.index
     run_id, _ = await index.accept("mem-2", request(pipeline(1)))
     record = await index.get_for_tenant(run_id, "tenant-a")
     assert record is not None
-    assert await index.cancel_queued(record, "cancelled by its tenant")
+    assert await RunIndex(redis).cancel_queued(record, "cancelled by its tenant")
     [stale] = await index.load_queued([run_id])
     assert stale is not None and not isinstance(stale, ValueError)
     assert stale[0].status is RunStatus.QUEUED, "what memory says"
@@ -151,6 +152,13 @@ async def test_a_remembered_run_cancelled_since_is_refused_by_the_start_and_leav
     assert await redis.lrange(index.queue_key("mem-2"), 0, -1) == []
     now = await index.get_for_tenant(run_id, "tenant-a")
     assert now is not None and now.status is RunStatus.CANCELLED and now.execution_id is None
+
+    here, _ = await index.accept("mem-2", request(pipeline(1)))
+    mine = await index.get_for_tenant(here, "tenant-a")
+    assert mine is not None and await index.cancel_queued(mine, "cancelled here")
+    [read] = await index.load_queued([here])
+    assert read is not None and not isinstance(read, ValueError)
+    assert read[0].status is RunStatus.CANCELLED, "read back, not remembered"
 
 
 async def test_an_index_remembers_a_bounded_number_of_accepted_runs(
