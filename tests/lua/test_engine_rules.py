@@ -441,3 +441,69 @@ async def test_terminal_snapshot_records_statuses_attempts_outputs_and_timings(
         st = snap["steps"][sid]
         assert st["output"] == {"s": sid} and st["attempts"] == 1 and st["worker"] == "w1"
         assert st["finished_at_ms"] >= st["claimed_at_ms"] > 0
+
+
+async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind_of_step(
+    store: ExecutionStore, engine_redis: RedisClient
+) -> None:
+    """The snapshot (built in Lua, in one pass, at finalization) against one built here
+    from the hashes themselves: a completed step with its output, a step that failed
+    after a retry (its attempts and error), the steps skipped under `continue` because
+    their dependency failed (no worker, no timings) and an independent branch that
+    completed -- every field of every step, and the counts."""
+    plan = plan_of(
+        {"ok": [], "flaky": [], "after": ["flaky"], "later": ["after"], "side": ["ok"]},
+        failure_policy="continue",
+        steps={"flaky": {"retry": {"max_attempts": 2}}},
+    )
+    eid = await store.create(plan)
+    pending = (await store.claim(eid, "w", 10, 30_000)).claims
+    attempts_left = {"flaky": 2}
+    while pending:
+        c = pending.pop(0)
+        if c.step_id == "flaky":
+            attempts_left["flaky"] -= 1
+            await store.fail(eid, "w-f", c.step_id, c.token, 'boom "quoted"\n', delay_ms=0)
+        else:
+            done = await store.complete(
+                eid, "w", [(c.step_id, c.token, "w-1", json.dumps({"from": c.step_id}))]
+            )
+            assert done.codes == [1]
+        if not pending and attempts_left["flaky"] >= 0:
+            pending = (await store.claim(eid, "w", 10, 30_000)).claims
+    snap = await store.snapshot(eid)
+    assert snap is not None and snap["status"] == "Failed"
+
+    keys = store.keys_of(eid)
+
+    async def table(key: str) -> dict[str, str]:
+        raw = await engine_redis.hgetall(key)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    hashes = ("status", "attempt", "out", "err", "owner", "times")
+    status, attempt, out, err, owner, times = [await table(keys.key(h)) for h in hashes]
+    expected: dict[str, dict[str, object]] = {}
+    for step, st in status.items():
+        entry: dict[str, object] = {"status": st, "attempts": int(attempt.get(step, "1"))}
+        if step in out:
+            entry["output"] = json.loads(out[step])
+        if step in err:
+            entry["error"] = err[step]
+        if step in owner:
+            entry["worker"] = owner[step]
+        if f"c:{step}" in times:
+            entry["claimed_at_ms"] = int(times[f"c:{step}"])
+        if f"f:{step}" in times:
+            entry["finished_at_ms"] = int(times[f"f:{step}"])
+        expected[step] = entry
+    assert snap["steps"] == expected
+    assert list(snap["steps"]) == list(status), "in the status hash's order"
+    assert {s: e["status"] for s, e in expected.items()} == {
+        "ok": "completed",
+        "side": "completed",
+        "flaky": "failed",
+        "after": "skipped",
+        "later": "skipped",
+    }
+    assert expected["flaky"]["attempts"] == 2 and expected["flaky"]["error"] == 'boom "quoted"\n'
+    assert snap["counts"] == {"total": 5, "completed": 2, "failed": 1, "skipped": 2, "cancelled": 0}
