@@ -241,17 +241,16 @@ class RuntimeInstance:
         if the queue still has it (else it answers the length, and the descriptor is
         made again with it) -- one round trip instead of two when it holds."""
         ttl = self.config.heartbeat_ttl_ms
-        if self.index.buckets > 1:
-            await self.registry.publish(await self.descriptor(), ttl)
-            return
-        queue = self.index.queue_key(self.instance_id)
-        for _ in range(PUBLISH_GUESSES):
-            descriptor = await self.descriptor(self._queue_length_seen)
-            published, value = await self.registry.publish_if_queued(descriptor, ttl, queue)
-            if published:
-                return
-            self._queue_length_seen = value
-        # The queue moved under every guess (a busy queue): read it, then publish.
+        if self.index.buckets == 1:
+            queue = self.index.queue_key(self.instance_id)
+            for _ in range(PUBLISH_GUESSES):
+                descriptor = await self.descriptor(self._queue_length_seen)
+                published, value = await self.registry.publish_if_queued(descriptor, ttl, queue)
+                if published:
+                    return
+                self._queue_length_seen = value
+        # A cluster (the queue in another slot), or a queue that moved under every
+        # guess: read its length, then publish.
         descriptor = await self.descriptor()
         self._queue_length_seen = descriptor.capacity.queued_run_count
         await self.registry.publish(descriptor, ttl)

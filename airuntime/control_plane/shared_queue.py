@@ -219,7 +219,7 @@ class SharedQueue:
             then = [["MGET", *(record_key(srid) for srid in seen)]]
             replies = await self.scripts.call_in_order(self.redis, calls, then)
             records = dict(zip(seen, replies.pop(), strict=True))
-        else:  # a cluster: the claims of several tenants' slots go out together
+        else:  # no records, or a cluster (claims in several slots): the claims together
             replies = await self.scripts.call_many(
                 self.redis, "claimSharedRuns", [(c.keys, c.args) for c in calls]
             )

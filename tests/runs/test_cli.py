@@ -9,19 +9,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 from airuntime.examples import all_examples
+from tests.polling import wait_until
 from tests.runs.archive import archive_and_expire
 from tests.runs.served import ServedControlPlane
-
-T = TypeVar("T")
 
 NONDETERMINISTIC = "tests.runs.nondeterministic"
 
@@ -138,7 +136,7 @@ def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPla
     )  # fmt: skip
     try:
         with _http(served) as http:
-            _until(lambda: _waiting_for_input(http, srid), "approve waits for its answer")
+            wait_until(lambda: _waiting_for_input(http, srid), what="approve waits for its answer")
         refused = airt(served, "runs", "answer", srid, "draft", '"x"')
         assert refused.returncode == 2 and "step 'draft' is completed" in refused.stderr
         assert json.loads(ok(airt(served, "runs", "pause", srid)))["status"] in (
@@ -176,23 +174,13 @@ def _http(served: ServedControlPlane) -> httpx.Client:
     return httpx.Client(base_url=served.url, headers=headers, timeout=30)
 
 
-def _until(probe: Callable[[], T | None], what: str, timeout_s: float = 60) -> T:
-    """Poll ``probe`` (a condition held by another process: the served control plane)
-    until it answers, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while (found := probe()) is None or found is False:
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return found
-
-
 def _waiting_for_input(http: httpx.Client, srid: str) -> bool:
     steps = http.get(f"/v1/runs/{srid}").json().get("steps") or {}
     return bool(steps.get("approve", {}).get("status") == "input_wait")
 
 
 def _answer_when_waiting(http: httpx.Client, srid: str, value: Any) -> None:
-    _until(lambda: _waiting_for_input(http, srid), f"{srid} to wait for its answer")
+    wait_until(lambda: _waiting_for_input(http, srid), what=f"{srid} to wait for its answer")
     resp = http.post(f"/v1/runs/{srid}/input", json={"step": "approve", "value": value})
     assert resp.status_code == 200, resp.text
 
@@ -217,7 +205,7 @@ def _replay_an_answered_run(served: ServedControlPlane) -> None:
                 runs = http.get("/v1/runs").json()["runs"]
                 return [r["shared_run_id"] for r in runs if r.get("replay_of") == srid] or None
 
-            replay = _until(replays, "the replay to be submitted")
+            replay = wait_until(replays, what="the replay to be submitted")
             _answer_when_waiting(http, replay[0], answer)
             stdout, stderr = compare.communicate(timeout=120)
         finally:
