@@ -166,16 +166,27 @@ class RuntimeHost:
 
     # -- hooks ----------------------------------------------------------------------
 
+    # The per-step hooks keep their labelled children: ``labels()`` takes a lock and
+    # builds a key on every call, several times a run.
+
     def _slot_admitted(self, iid: str) -> Any:
+        wait = self.metrics.slot_wait_seconds.labels(iid)
+
         def hook(execution_id: str, wait_s: float) -> None:
-            self.metrics.slot_wait_seconds.labels(iid).observe(wait_s)
+            wait.observe(wait_s)
 
         return hook
 
     def _step_observed(self, iid: str) -> Any:
+        seconds_of = self.metrics.step_seconds.labels(iid)
+        counters: dict[str, Any] = {}
+
         def hook(execution_id: str, step_id: str, outcome: str, seconds: float) -> None:
-            self.metrics.steps.labels(iid, outcome).inc()
-            self.metrics.step_seconds.labels(iid).observe(seconds)
+            counter = counters.get(outcome)
+            if counter is None:
+                counter = counters[outcome] = self.metrics.steps.labels(iid, outcome)
+            counter.inc()
+            seconds_of.observe(seconds)
 
         return hook
 
@@ -186,8 +197,13 @@ class RuntimeHost:
         return hook
 
     def _run_state(self, iid: str) -> Any:
+        counters: dict[str, Any] = {}
+
         def hook(run_id: str, state: str) -> None:
-            self.metrics.run_transitions.labels(iid, state).inc()
+            counter = counters.get(state)
+            if counter is None:
+                counter = counters[state] = self.metrics.run_transitions.labels(iid, state)
+            counter.inc()
 
         return hook
 

@@ -142,3 +142,38 @@ async def test_a_pool_with_a_credential_provider_keeps_redis_pys_path(
         await client.aclose()
         await pool.disconnect()
         await lean.disconnect()
+
+
+async def test_pipelines_are_not_scanned_for_himport_and_still_work(
+    redis_server: RedisServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lean pool's connections carry no HIMPORT registry, so redis-py does not parse
+    each queued command of a pipeline looking for ``HIMPORT SET``; plain and MULTI/EXEC
+    pipelines still answer in order."""
+    from redis.asyncio import _himport_exec
+
+    parsed: list[object] = []
+    original = _himport_exec.parse_himport_set_args
+
+    def counting(args: object) -> object:
+        parsed.append(args)
+        return original(args)
+
+    monkeypatch.setattr(_himport_exec, "parse_himport_set_args", counting)
+    lean = connect(redis_server.url)
+    stock = Redis.from_url(redis_server.url)
+    try:
+        for transaction in (False, True):
+            pipe = lean.pipeline(transaction=transaction)
+            pipe.set("hx", "1").incr("hx").get("hx")
+            assert await pipe.execute() == [True, 2, b"2"]
+        assert parsed == []
+        assert all(c.himport_registry is None for c in lean.connection_pool._available_connections)
+        # redis-py's own pool does scan (what the lean pool saves): the test can fail.
+        pipe = stock.pipeline(transaction=False)
+        pipe.get("hx")
+        assert await pipe.execute() == [b"2"]
+        assert parsed
+    finally:
+        await lean.aclose()
+        await stock.aclose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -659,6 +660,15 @@ async def test_evidence_is_kept_per_execution_and_removed_by_pop() -> None:
     assert controller.pop_evidence("e1") == SlotEvidence()
     assert controller.evidence("e2").admitted == 1
     assert SlotEvidence().version == 1
+
+
+def test_evidence_dict_names_every_field_with_its_value() -> None:
+    """``to_dict`` is written by hand (no deep copy): it must still carry every field,
+    so a field added later and forgotten there fails here."""
+    names = [f.name for f in dataclasses.fields(SlotEvidence)]
+    evidence = SlotEvidence(**{name: i + 2 for i, name in enumerate(names)})
+    assert evidence.to_dict() == {name: i + 2 for i, name in enumerate(names)}
+    assert json.loads(evidence.to_json()) == evidence.to_dict()
 
 
 # -- results and shared capacity ---------------------------------------------------------
