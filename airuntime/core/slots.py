@@ -7,8 +7,8 @@ would only show on a cluster. :func:`ensure_single_slot` computes the slots the 
 the cluster does (:func:`redis.crc.key_slot`, hash tags included) and refuses a
 cross-slot call on any server; :class:`~airuntime.core.scripts.ScriptLibrary` calls
 it for every script call and the transaction sites call :func:`ensure_transaction_slot`,
-both when :func:`slot_check_enabled` (``AIRUNTIME_SLOT_CHECK=1``; the test suite turns
-it on for every test).
+both when :func:`slot_check_enabled` (``AIRUNTIME_SLOT_CHECK=1``, read once per
+process; the test suite turns it on for every test).
 """
 
 from __future__ import annotations
@@ -34,8 +34,24 @@ calls in it are not checked; calls in the bucket layout are, like every other sc
 (the cluster variants of the engine tests run them on a real cluster)."""
 
 
+_enabled: bool | None = None
+"""The variable as first read (None: not read yet). A process sets the variable before
+its first Redis call (the suite's conftest at import; a child inherits it) and does not
+change it after, so it is read once: a script call asks a dozen times a run, and an
+environment lookup costs as much as the rest of the check."""
+
+
 def slot_check_enabled() -> bool:
-    """Whether script calls and transactions are checked (``AIRUNTIME_SLOT_CHECK=1``)."""
+    """Whether script calls and transactions are checked (``AIRUNTIME_SLOT_CHECK=1``,
+    read at the first call)."""
+    global _enabled
+    if _enabled is None:
+        _enabled = slot_check_from_environment()
+    return _enabled
+
+
+def slot_check_from_environment() -> bool:
+    """What the environment says now (``AIRUNTIME_SLOT_CHECK=1``)."""
     return os.environ.get(SLOT_CHECK_ENV, "") == "1"
 
 

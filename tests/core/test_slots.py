@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
+from airuntime.core import slots
 from airuntime.core.errors import ScriptError
 from airuntime.core.keys import CLUSTER_EXECUTION_BUCKETS, ExecutionKeys
 from airuntime.core.scripts import library
@@ -13,6 +14,7 @@ from airuntime.core.slots import (
     ensure_single_slot,
     ensure_transaction_slot,
     slot_check_enabled,
+    slot_check_from_environment,
     slots_of,
 )
 
@@ -20,10 +22,12 @@ from airuntime.core.slots import (
 @pytest.fixture
 def guard_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SLOT_CHECK_ENV, "1")
+    monkeypatch.setattr(slots, "_enabled", None)  # read again; restored after the test
 
 
 def test_the_suite_runs_with_the_guard_on() -> None:
     assert slot_check_enabled()
+    assert slot_check_from_environment()
 
 
 def test_keys_with_one_hash_tag_share_a_slot_and_others_do_not() -> None:
@@ -89,9 +93,23 @@ async def test_every_key_of_an_mset_counts_not_its_values(redis: Redis, guard_on
 
 def test_the_guard_is_off_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SLOT_CHECK_ENV, "0")
+    monkeypatch.setattr(slots, "_enabled", None)  # a process that starts like this
     pipe_keys = ["air:{a}:x", "air:{b}:y"]
     assert not slot_check_enabled()
     library().checked("publishInstance", pipe_keys)  # not refused: the check is off
+    monkeypatch.delenv(SLOT_CHECK_ENV)
+    assert not slot_check_from_environment()
+
+
+def test_the_variable_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read at the first check, then kept: a later change of the environment does not
+    turn the guard off in the middle of a process."""
+    monkeypatch.setattr(slots, "_enabled", None)
+    assert slot_check_enabled()
+    monkeypatch.setenv(SLOT_CHECK_ENV, "0")
+    assert slot_check_enabled()
+    with pytest.raises(ScriptError):
+        library().checked("publishInstance", ["air:{a}:x", "air:{b}:y"])
 
 
 def test_execution_scripts_are_checked_in_the_bucket_layout_only() -> None:
