@@ -422,9 +422,17 @@ class SharedRunStore:
         ids = await self.redis.zrevrange(index, 0, limit - 1)
         return await self.get_many([_s(i) for i in ids])
 
-    async def open_ids(self, start: int, count: int) -> builtins.list[str]:
-        """A page of the open index, oldest first."""
-        ids = await self.redis.zrange(keys.shared_runs_open(), start, start + count - 1)
+    async def open_ids(
+        self, start: int, count: int, *, created_before_ms: int | None = None
+    ) -> builtins.list[str]:
+        """A page of the open index, oldest first; with ``created_before_ms``, only the
+        runs created at or before it (the index's score is the creation time)."""
+        if created_before_ms is None:
+            ids = await self.redis.zrange(keys.shared_runs_open(), start, start + count - 1)
+        else:
+            ids = await self.redis.zrangebyscore(
+                keys.shared_runs_open(), "-inf", created_before_ms, start=start, num=count
+            )
         return [_s(i) for i in ids]
 
     async def finished_before(self, cutoff_ms: int, start: int, count: int) -> builtins.list[str]:

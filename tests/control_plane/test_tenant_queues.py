@@ -273,6 +273,44 @@ async def test_a_submit_that_died_between_record_and_item_is_requeued(redis: Red
     assert claimed is not None and claimed.shared_run_id == srid
 
 
+async def test_a_pass_reads_no_run_younger_than_stale_after_and_repairs_it_once_old(
+    redis: Redis,
+) -> None:
+    """A control plane starting behind a backlog: its reconciler's pass costs one index
+    read, not one record read per run; the same stranded runs, once older than
+    ``stale_after_ms``, are repaired (so the pass still reaches every open run)."""
+    from airuntime.core.redis_client import CountingRedis
+
+    cp = manual_cp(redis)
+    young = [_queued_run("tenant-y") for _ in range(30)]
+    old = [
+        r.model_copy(
+            update={
+                "created_at_ms": r.created_at_ms - 120_000,
+                "updated_at_ms": r.updated_at_ms - 120_000,
+            }
+        )
+        for r in (_queued_run("tenant-o") for _ in range(3))
+    ]
+    for run in [*young, *old]:
+        await cp.runs.create_queued(run)  # records only: every one is stranded
+    counting = CountingRedis(connection_pool=redis.connection_pool)
+    reconciler = Reconciler(
+        SharedRunStore(counting), cp.queue, cp.run_index, stale_after_ms=60_000, page=10
+    )
+    assert await reconciler.reconcile_once() == len(old)
+    # Through the run store: the old runs' page (index and records) and the empty page
+    # that ends the pass. The thirty young runs cost nothing (reading them took three
+    # more pages of two round trips each).
+    assert counting.round_trips == 3
+    for run in old:
+        assert await cp.queue.status(run.shared_run_id, "tenant-o") is QueueItemStatus.PENDING
+    for run in young:
+        assert await cp.queue.status(run.shared_run_id, "tenant-y") is None
+    reconciler.stale_after_ms = 0
+    assert await reconciler.reconcile_once() == len(young)
+
+
 async def test_a_submit_sent_again_after_a_lost_reply_is_the_same_submit(redis: Redis) -> None:
     """A client resends a command whose reply a failover lost (redis-py retries on a
     closed connection): the record is written, so the resent submit must succeed, not
