@@ -31,6 +31,8 @@ Peer, ratios and checks
 
 Set-up (one process, everything real except the process boundary)
 -----------------------------------------------------------------
+* the process's garbage collector set as the deployed entry points set theirs
+  (:mod:`airuntime.core.gc_tuning`; ``AIRUNTIME_GC_GEN0_THRESHOLD=0`` for Python's own);
 * one :class:`~runtime_pod.host.RuntimeHost` with **3 Shared runtime instances**
   (``runtime-instance-1..3``), each with 64 run slots (``max_concurrent_runs``), 64
   workers, 1 worker per execution, a local queue of ``2 x runs`` and assistance off,
@@ -97,6 +99,7 @@ from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
+from airuntime.core.gc_tuning import gen0_threshold_from_env, tune_collector
 from airuntime.core.redis_client import connect
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.devstack.embedded import EmbeddedServer
@@ -553,6 +556,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sweep: sizes must be >= 1")
     if args.quick:
         args.runs, args.scenarios, args.sweep = QUICK_RUNS, ["backlog", "streaming"], None
+    # This process plays the deployed control plane and runtimes: its collector is set
+    # as their entry points set theirs (AIRUNTIME_GC_GEN0_THRESHOLD=0: Python's own).
+    try:
+        tune_collector(gen0_threshold_from_env())
+    except ValueError as exc:
+        parser.error(str(exc))
 
     wall = time.perf_counter()
     results: list[Result] = []

@@ -23,7 +23,13 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from airuntime.cli.common import console, invalid, setting_option, settings_from_options
+from airuntime.cli.common import (
+    console,
+    invalid,
+    setting_option,
+    settings_from_options,
+    tune_collector_or_exit,
+)
 from airuntime.core.redis_client import connect
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceSettings
@@ -115,6 +121,7 @@ def runtime(
         )
     store = _loaded_store(settings.settings_file)
     scrub_secrets()  # read above; no handler of this process may find them
+    tune_collector_or_exit()
     asyncio.run(_serve(settings.redis_url, settings, instances, store))
 
 

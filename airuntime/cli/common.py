@@ -62,6 +62,26 @@ def invalid(message: str) -> typer.Exit:
     return typer.Exit(EXIT_INVALID)
 
 
+def collector_threshold_or_exit() -> int:
+    """``AIRUNTIME_GC_GEN0_THRESHOLD`` (:mod:`airuntime.core.gc_tuning`); a malformed
+    value is an exit 2 naming it."""
+    from airuntime.core.gc_tuning import gen0_threshold_from_env
+
+    try:
+        return gen0_threshold_from_env()
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
+def tune_collector_or_exit(threshold: int | None = None) -> None:
+    """A long-running command's garbage collector settings, applied once its imports and
+    settings are done (``threshold``: as :func:`collector_threshold_or_exit` read it
+    earlier; None reads it now)."""
+    from airuntime.core.gc_tuning import tune_collector
+
+    tune_collector(collector_threshold_or_exit() if threshold is None else threshold)
+
+
 def parse_kv(items: list[str], option: str) -> dict[str, Any]:
     """``NAME=VALUE`` options as a dict; a VALUE that is JSON is decoded, else kept as text."""
     values: dict[str, Any] = {}

@@ -26,6 +26,7 @@ from airuntime.cli.common import (
     invalid,
     out,
     parse_kv,
+    tune_collector_or_exit,
 )
 from airuntime.cli.listing import (
     Column,
@@ -200,6 +201,7 @@ def worker(
         settings = PoolSettings(workers=workers, lease_ms=lease_ms)
     except ValueError as exc:
         raise invalid(str(exc)) from None
+    tune_collector_or_exit()
     status, stats = asyncio.run(_participate(redis_url, execution_id, settings))
     out.print(json.dumps({"execution_id": execution_id, "status": status, **stats}))
     raise typer.Exit(EXIT_OK if status == ExecutionStatus.SUCCEEDED else EXIT_FAILED)

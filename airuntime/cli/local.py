@@ -32,6 +32,7 @@ from airuntime.cli.common import (
     invalid,
     out,
     pipeline_document,
+    tune_collector_or_exit,
 )
 from airuntime.control_plane.settings import (
     ControlPlaneServerSettings,
@@ -67,6 +68,7 @@ def up(
     options: dict[str, Any] = {"data_dir": data_dir} if data_dir else {}
     with redis_for_process(redis_url, **options) as url:
         console.print(f"airt up: Redis at {url}; API on 127.0.0.1:{port}; state in {state_file()}")
+        tune_collector_or_exit()
         asyncio.run(
             serve_control_plane(url, port=port, settings=settings, tenants=tenants, state=state)
         )

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from airuntime.cli.common import invalid, setting_option, settings_from_options
+from airuntime.cli.common import (
+    collector_threshold_or_exit,
+    invalid,
+    setting_option,
+    settings_from_options,
+    tune_collector_or_exit,
+)
 from airuntime.control_plane.rbac import Authenticator
 from airuntime.control_plane.settings import (
     ControlPlaneServerSettings,
@@ -67,7 +73,9 @@ def control_plane(
         raise invalid(
             f"airt control-plane needs a shared Redis: set {REDIS_URL_ENV} (or use `airt up`)"
         )
+    collector = collector_threshold_or_exit()
     auth, tenants = _access(settings)
+    tune_collector_or_exit(collector)
     asyncio.run(
         serve_control_plane(
             settings.redis_url,

@@ -93,6 +93,18 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
             ["AIRUNTIME_API_PORT", "'http'"],
             id="control-plane-port",
         ),
+        pytest.param(
+            ["runtime"],
+            {"AIRUNTIME_GC_GEN0_THRESHOLD": "lots"},
+            ["AIRUNTIME_GC_GEN0_THRESHOLD", "'lots'"],
+            id="runtime-gc",
+        ),
+        pytest.param(
+            ["control-plane"],
+            {"AIRUNTIME_GC_GEN0_THRESHOLD": "-5"},
+            ["AIRUNTIME_GC_GEN0_THRESHOLD", "'-5'"],
+            id="control-plane-gc",
+        ),
     ],
 )
 def test_an_invalid_variable_exits_2_naming_the_variable_and_the_value(
