@@ -28,7 +28,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from airuntime.core.errors import ScriptError
-from airuntime.core.redis_client import RedisClient, is_cluster
+from airuntime.core.redis_client import CountingRedis, RedisClient, is_cluster
 from airuntime.core.slots import check_script
 from airuntime.core.version import installed_version
 
@@ -126,10 +126,10 @@ class ScriptLibrary:
     ) -> Any:
         """:meth:`call` of a call whose keys :meth:`checked` has passed."""
         try:
-            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
+            return await _evalsha(redis, script, keys, args)
         except NoScriptError:
             await redis.script_load(script.source)
-            return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
+            return await _evalsha(redis, script, keys, args)
 
     async def call_many(
         self, redis: RedisClient, name: str, calls: Sequence[tuple[Sequence[KeyArg], Sequence[Arg]]]
@@ -186,12 +186,11 @@ class ScriptLibrary:
             replies += [await _reply_of_command(redis, command) for command in then]
             return raise_first_error(replies)
         scripts = [self.checked(c.name, c.keys) for c in calls]
-        pipe = redis.pipeline(transaction=False)
-        for script, c in zip(scripts, calls, strict=True):
-            pipe.execute_command("EVALSHA", script.sha, script.num_keys, *c.keys, *c.args)
-        for command in then:
-            pipe.execute_command(*command)
-        replies = list(await pipe.execute(raise_on_error=False))
+        commands: list[Sequence[Any]] = [
+            ("EVALSHA", script.sha, script.num_keys, *c.keys, *c.args)
+            for script, c in zip(scripts, calls, strict=True)
+        ]
+        replies = await _send_batch(redis, [*commands, *then])
         refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if refused:
             await self.load_all(redis)
@@ -224,13 +223,38 @@ class ScriptLibrary:
         redis: RedisClient,
         calls: Sequence[tuple[LuaScript, Sequence[KeyArg], Sequence[Arg]]],
     ) -> list[Any]:
-        pipe = redis.pipeline(transaction=False)
-        for script, keys, args in calls:
-            # execute_command: redis-py's cluster pipeline blocks its evalsha() method
-            # (it cannot reload scripts); NOSCRIPT is handled by call_mixed, and the
-            # cluster pipeline routes EVALSHA by its first key like any keyed command.
-            pipe.execute_command("EVALSHA", script.sha, script.num_keys, *keys, *args)
-        return list(await pipe.execute(raise_on_error=False))
+        # A raw EVALSHA: redis-py's cluster pipeline blocks its evalsha() method (it
+        # cannot reload scripts); NOSCRIPT is handled by call_mixed, and the cluster
+        # pipeline routes EVALSHA by its first key like any keyed command.
+        return await _send_batch(
+            redis,
+            [("EVALSHA", sc.sha, sc.num_keys, *keys, *args) for sc, keys, args in calls],
+        )
+
+
+async def _send_batch(redis: RedisClient, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """``commands`` in one round trip without MULTI; each reply or its error reply. A
+    standalone client of :func:`~airuntime.core.redis_client.connect` sends them without
+    a redis-py pipeline (:meth:`CountingRedis.send_batch`); any other client through
+    one (a cluster's routes each command to its node)."""
+    if isinstance(redis, CountingRedis):
+        return await redis.send_batch(commands)
+    pipe = redis.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute(raise_on_error=False))
+
+
+async def _evalsha(
+    redis: RedisClient, script: LuaScript, keys: Sequence[KeyArg], args: Sequence[Arg]
+) -> Any:
+    """One EVALSHA; its error reply raised, as ``redis.evalsha`` raises it."""
+    if isinstance(redis, CountingRedis):
+        [reply] = await redis.send_batch([("EVALSHA", script.sha, script.num_keys, *keys, *args)])
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+    return await redis.evalsha(script.sha, script.num_keys, *keys, *args)
 
 
 async def _reply_of_command(redis: RedisClient, command: Sequence[KeyArg | Arg]) -> Any:
