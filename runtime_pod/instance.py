@@ -154,6 +154,12 @@ class RuntimeInstance:
         self.participations: dict[str, _Participation] = {}
         self._starting: set[str] = set()
         self._kick = asyncio.Event()
+        self._queue_left = True
+        """Whether runs may wait in the local queue: False once the controller's read
+        took the whole queue, until something could have queued more (an accept, an
+        adoption, a heartbeat's kick: each kicks the controller, which reads again). A
+        finished run kicks the controller only while this holds, so a run that ends
+        with nothing queued behind it costs no read of an empty queue."""
         self._stopping = False
         self._last_tenant_slot_limit: int | None = None
         self._tenant_settings_seen = False
@@ -399,10 +405,12 @@ class RuntimeInstance:
         scripts with the queue removals and the tenants' settings in one more
         (:meth:`~airuntime.fleet.run_index.RunIndex.start_batch`; on a cluster, one
         call after the other)."""
+        self._queue_left = True  # unknown until a read shows the queue taken whole
         while self._may_start():
             room = self.config.max_concurrent_runs - self.running_runs - len(self._starting)
             ids = await self.index.queue_head(self.instance_id, room)
             if not ids:
+                self._queue_left = False
                 return
             ready: list[tuple[RunRecord, RunRequest]] = []
             for run_id, loaded in zip(ids, await self.index.load_queued(ids), strict=True):
@@ -418,17 +426,21 @@ class RuntimeInstance:
                     await self.index.remove_queued(self.instance_id, run_id)
                 else:
                     ready.append(loaded)
-            if ready and not await self._start(ready):
+            planned = await self._start(ready) if ready else 0
+            if ready and not planned:
                 return
             if len(ids) < room:
                 # The read took the whole queue: nothing is left to start until an
                 # accept (or a heartbeat) kicks the controller again, so it does not
-                # read the queue once more only to find it empty.
+                # read the queue once more only to find it empty -- unless workers ran
+                # out before the last of them (a finished run kicks it then).
+                self._queue_left = planned < len(ready)
                 return
 
-    async def _start(self, ready: list[tuple[RunRecord, RunRequest]]) -> bool:
-        """Take workers, mark the runs running with new ExecutionIds, launch them; False
-        when no worker was free for the first one."""
+    async def _start(self, ready: list[tuple[RunRecord, RunRequest]]) -> int:
+        """Take workers, mark the runs running with new ExecutionIds, launch them; how
+        many got workers (the first of ``ready``, in order; 0 when no worker was free
+        for the first one)."""
         plans: list[tuple[RunRecord, RunRequest, int, str]] = []
         for record, request in ready:
             workers = self._effective_workers()
@@ -440,7 +452,7 @@ class RuntimeInstance:
             self._starting.add(record.run_id)  # adoption must not resume it meanwhile
             plans.append((record, request, workers, f"ex-{uuid.uuid4().hex}"))
         if not plans:
-            return False
+            return 0
         try:
             # The batch's tenant settings read with the starts: each run's pipeline is
             # compiled with its tenant's allowlist as it stands now (Participation._plan).
@@ -470,7 +482,7 @@ class RuntimeInstance:
                 just_started=True,
                 tenant=tenants[record.tenant_id],
             )
-        return True
+        return len(plans)
 
     def _effective_workers(self) -> int:
         return min(
@@ -529,7 +541,8 @@ class RuntimeInstance:
         def done(finished: asyncio.Task[None]) -> None:
             self.participations.pop(key, None)
             self.active_workers -= workers
-            self._kick.set()
+            if self._queue_left:  # a run may wait for the slot and workers freed here
+                self._kick.set()
             self._changed.set()
             log_task_failure(finished)
 

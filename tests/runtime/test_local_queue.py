@@ -17,7 +17,7 @@ from airuntime.core import keys
 from airuntime.core.context import current_context
 from airuntime.fleet.registry import InstanceDescriptor
 from airuntime.fleet.runs import RunStatus
-from runtime_pod.instance import RunRefused
+from runtime_pod.instance import RunRefused, RuntimeInstance
 from tests.runtime.conftest import Runtime
 from tests.runtime.support import HeartbeatProbe, pipeline, request, snapshot
 
@@ -354,3 +354,68 @@ async def test_a_publication_guesses_the_queue_length_and_never_publishes_a_wron
     calls.clear()
     await inst._publish()
     assert calls == [(3, True)], "the length found is the next guess"
+
+
+# -- controller wake-ups ------------------------------------------------------------------
+
+
+def _counting_queue_reads(inst: RuntimeInstance) -> list[int]:
+    """The controller's reads of the local queue head, each as the number of runs it
+    found (the real read runs)."""
+    reads: list[int] = []
+    read = inst.index.queue_head
+
+    async def counted(instance_id: str, count: int) -> list[str]:
+        found = await read(instance_id, count)
+        reads.append(len(found))
+        return found
+
+    inst.index.queue_head = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def test_a_run_ending_with_nothing_queued_behind_it_reads_no_empty_queue(
+    runtime: Runtime,
+) -> None:
+    """Heartbeats 30 s apart, so after the first one only the run's own wake-ups count:
+    its accept reads the queue (and starts it); its end, the queue having been taken
+    whole, wakes nothing and reads nothing."""
+    inst = await runtime.start("rq-1", heartbeat_s=30.0)
+    await inst.supervisor.wait_ok("heartbeat")  # its first round's kick is given
+    reads = _counting_queue_reads(inst)
+    first = await inst.accept(request(pipeline(1)))
+    await runtime.gate.wait_entered(1)
+    assert 1 in reads, "the accept's wake-up read the queue and found the run"
+    before = len(reads)
+    participation = inst.participations[first].task
+    runtime.gate.open()
+    await participation  # its end's callback ran before this returns
+    # Had the end woken the controller, the kick would be set still, or consumed by a read.
+    assert not inst._kick.is_set()
+    assert len(reads) == before
+    assert await runtime.watcher.reached(first, "completed", "failed") == "completed"
+    second = await inst.accept(request(pipeline(1)))
+    assert await runtime.watcher.reached(second, "completed", "failed") == "completed"
+    assert len(reads) == before + 1, "the next accept reads it again"
+
+
+async def test_runs_left_queued_when_workers_ran_out_start_when_a_run_ends(
+    runtime: Runtime,
+) -> None:
+    """Two runs in one delivery, workers for one: the controller reads both, starts the
+    first and must come back for the second when the first ends, not a heartbeat
+    (30 s, beyond the test's deadline) later."""
+    inst = await runtime.start(
+        "rq-1", heartbeat_s=30.0, workers=2, max_local_workers_per_execution=2
+    )
+    await inst.supervisor.wait_ok("heartbeat")
+    reads = _counting_queue_reads(inst)
+    first, second = await inst.accept_many([request(pipeline(2)), request(pipeline(1))])
+    assert isinstance(first, str) and isinstance(second, str)
+    await runtime.gate.wait_entered(2)
+    assert 2 in reads, "one read found both"
+    record = await inst.run_status(second, "tenant-a")
+    assert record is not None and record.status is RunStatus.QUEUED
+    runtime.gate.open()
+    assert await runtime.watcher.reached(first, "completed", "failed") == "completed"
+    assert await runtime.watcher.reached(second, "completed", "failed") == "completed"
