@@ -607,7 +607,10 @@ class RunIndex:
         ]
 
     async def tenants_of(self, run_ids: list[str]) -> list[str | None]:
-        """The tenant of each run (None: no record), in one round trip."""
+        """The tenant of each run (None: no record), in one round trip (none for no
+        runs: every accept of new runs asks for the owners of none)."""
+        if not run_ids:
+            return []
         pipe = self.redis.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hget(self.run_key(run_id), "tenant_id")
