@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from airuntime.core.redis_client import CountingRedis, connect
 from airuntime.core.scripts import ScriptCall, library
 from tests.conftest import RedisServerInfo
+from tests.control_plane.support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,8 +90,8 @@ async def test_a_batch_cancelled_before_its_reply_leaves_no_reply_for_the_next_b
         async def blocked() -> bool:
             return int((await redis.info("clients"))["blocked_clients"]) == 1
 
-        while not await blocked():  # the server holds the BLPOP: its reply is to come
-            await asyncio.sleep(0.005)
+        # The server holds the BLPOP: its reply is still to come.
+        await wait_for(blocked, interval_s=0.005, what="the BLPOP to block")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
