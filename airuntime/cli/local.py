@@ -28,6 +28,7 @@ from airuntime.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     RedisUrl,
+    collector_threshold_or_exit,
     console,
     invalid,
     out,
@@ -64,11 +65,12 @@ def up(
     except ConfigError as exc:
         raise invalid(str(exc)) from None
     settings = ControlPlaneSettings(submit_mode=submit_mode)
+    collector = collector_threshold_or_exit()  # refused before anything is started
     state: dict[str, Any] = {}
     options: dict[str, Any] = {"data_dir": data_dir} if data_dir else {}
     with redis_for_process(redis_url, **options) as url:
         console.print(f"airt up: Redis at {url}; API on 127.0.0.1:{port}; state in {state_file()}")
-        tune_collector_or_exit()
+        tune_collector_or_exit(collector)
         asyncio.run(
             serve_control_plane(url, port=port, settings=settings, tenants=tenants, state=state)
         )

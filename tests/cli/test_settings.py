@@ -105,12 +105,24 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
             ["AIRUNTIME_GC_GEN0_THRESHOLD", "'-5'"],
             id="control-plane-gc",
         ),
+        pytest.param(
+            ["up"],
+            {"AIRUNTIME_GC_GEN0_THRESHOLD": "1e9"},
+            ["AIRUNTIME_GC_GEN0_THRESHOLD", "'1e9'"],
+            id="up-gc",
+        ),
     ],
 )
 def test_an_invalid_variable_exits_2_naming_the_variable_and_the_value(
     args: list[str], env: dict[str, str], expected: list[str]
 ) -> None:
     refused(airt(*args, **{REDIS_URL_ENV: UNREACHABLE, **env}), *expected)
+
+
+def test_airt_up_refuses_a_malformed_collector_setting_before_starting_anything() -> None:
+    result = airt("up", **{REDIS_URL_ENV: UNREACHABLE, "AIRUNTIME_GC_GEN0_THRESHOLD": "many"})
+    refused(result, "AIRUNTIME_GC_GEN0_THRESHOLD", "'many'")
+    assert "airt up: Redis at" not in result.stdout + result.stderr, "refused before starting"
 
 
 def test_an_invalid_option_exits_2_naming_the_option_and_the_value() -> None:
