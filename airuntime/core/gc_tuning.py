@@ -20,8 +20,8 @@ from 0.62 to 0.12 s and the process's CPU per run by ~20 %. Memory grows by at m
 the young objects of one threshold's worth of allocations.
 
 ``AIRUNTIME_GC_GEN0_THRESHOLD`` sets the threshold; ``0`` leaves the collector exactly
-as Python sets it (no freeze either). Anything else than an integer >= 0 is refused,
-naming the variable and the value.
+as Python sets it (no freeze either). Anything other than an integer from 0 to
+:data:`MAX_GEN0_THRESHOLD` is refused, naming the variable and the value.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Final
 __all__ = [
     "DEFAULT_GEN0_THRESHOLD",
     "GC_GEN0_THRESHOLD_ENV",
+    "MAX_GEN0_THRESHOLD",
     "gen0_threshold_from_env",
     "tune_collector",
 ]
