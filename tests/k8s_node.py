@@ -56,6 +56,7 @@ from tests.k8s_env import (
     _free_port,
     _Process,
 )
+from tests.polling import wait_until
 
 __all__ = [
     "NODE_NAME",
@@ -505,7 +506,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             for task in self.ctr("tasks", "list", "--quiet").split():
                 _run("ctr", "--address", str(self.socket), "--namespace", CONTAINERD_NAMESPACE,
                      "tasks", "kill", "--signal", "SIGKILL", task, check=False)  # fmt: skip
-            time.sleep(0.5)
+            wait_until(  # SIGKILL delivered: no task reports RUNNING any more
+                lambda: "RUNNING" not in self.ctr("tasks", "list"),
+                within=10,
+                what="the killed container tasks to stop",
+                interval=0.05,
+            )
             for task in self.ctr("tasks", "list", "--quiet").split():
                 _run("ctr", "--address", str(self.socket), "--namespace", CONTAINERD_NAMESPACE,
                      "tasks", "delete", "--force", task, check=False)  # fmt: skip

@@ -31,6 +31,7 @@ from airuntime.devstack.process_redis import (
     redis_for_process,
     server_info_version,
 )
+from tests.polling import wait_until
 
 REDIS7 = "/usr/bin/redis-server"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -404,10 +405,9 @@ def test_server_survives_exit_of_the_thread_that_started_it() -> None:
         assert not errors, errors
         assert thread.native_id is not None
         task = Path(f"/proc/self/task/{thread.native_id}")
-        deadline = time.monotonic() + 10
-        while task.exists():  # wait until the OS thread is really gone
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_until(  # the OS thread really gone
+            lambda: not task.exists(), within=10, what="the OS thread to exit", interval=0.005
+        )
         # Any death signal would have been sent by now; a PONG proves there was none.
         assert ping(server.url)
         assert server.running

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from airuntime.devstack.embedded import SERVER_TUNING
+from tests.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "helm" / "airuntime"
@@ -1282,16 +1283,7 @@ POD_MONITOR_CRD = _stand_in_crd("PodMonitor", "podmonitors")
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
+    return wait_until(predicate, within=timeout, what=what, interval=0.2)
 
 
 class Installed:

@@ -26,7 +26,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from tests.e2e.cluster import (
     submit_and_wait,
 )
 from tests.e2e.test_chart import CHART, helm, run_helm  # noqa: F401 - helm is a fixture
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
@@ -190,10 +190,9 @@ def test_scenario_on_kind(kind: Kind) -> None:
         items = kind.get("runtimepools")["items"]
         return len(items) == 3 and all("desiredReplicas" in (p.get("status") or {}) for p in items)
 
-    deadline = time.monotonic() + 120
-    while not reconciled():
-        assert time.monotonic() < deadline, "the operator did not reconcile the RuntimePools"
-        time.sleep(1)
+    wait_until(
+        reconciled, within=120, what="the operator to reconcile the RuntimePools", interval=1
+    )
 
     secret = kind.get("secret", f"{RELEASE}-tokens")
     entries = yaml.safe_load(base64.b64decode(secret["data"]["tokens.yaml"]))["tokens"]

@@ -8,13 +8,14 @@ the session's cluster of the operator tests (``kube_cluster``, ``k8s`` in confte
 
 from __future__ import annotations
 
-import time
+import contextlib
 import uuid
 
 import pytest
 from kubernetes import client
 
 from tests.k8s_env import KubeTestEnv
+from tests.polling import wait_until
 
 # A cold cache builds kube-apiserver and kube-controller-manager from source,
 # which takes far longer than the default per-test timeout.
@@ -71,19 +72,19 @@ def test_controller_manager_creates_replicaset(
     deployment_uid = deployment.metadata.uid
 
     # Waiting on an external controller (kube-controller-manager), so poll.
-    deadline = time.monotonic() + 60
-    owned: list[client.V1ReplicaSet] = []
-    while time.monotonic() < deadline:
-        replica_sets = apps.list_namespaced_replica_set(ns).items
-        owned = [
+    def owned_replica_sets() -> list[client.V1ReplicaSet]:
+        return [
             rs
-            for rs in replica_sets
+            for rs in apps.list_namespaced_replica_set(ns).items
             if rs.metadata is not None
             and any(ref.uid == deployment_uid for ref in rs.metadata.owner_references or [])
         ]
-        if owned:
-            break
-        time.sleep(0.2)
+
+    owned: list[client.V1ReplicaSet] = []
+    with contextlib.suppress(AssertionError):  # the assertion below names the log
+        owned = wait_until(
+            owned_replica_sets, within=60, what="a ReplicaSet of the Deployment", interval=0.2
+        )
 
     assert owned, (
         "no ReplicaSet created for the Deployment within 60s; controller-manager log: "
