@@ -10,7 +10,7 @@ per process participating in every execution at once, 64 slots each) drain them.
 
 What is measured
 ----------------
-* ``steps_per_s`` = all steps / (last ``execution_finalized`` - first ``step_claimed``),
+* ``steps_per_s`` = all steps / (last ``execution_finalized`` - first claim entry),
   server time from the ledgers' stream ids (the nodes share this machine's clock).
 * ``cpu_s`` per primary = delta of ``used_cpu_user + used_cpu_sys`` (``INFO cpu``)
   from before the workers start to after they exit; ``share`` = that primary's part of
@@ -41,7 +41,7 @@ from airuntime.devstack.cluster import LocalCluster
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from benchmarks.dag_shapes import deps_of, plan_of, steps_of
-from benchmarks.redis_probe import entries, stream_ms
+from benchmarks.redis_probe import CLAIM_TYPES, entries, stream_ms
 
 WORKER_PROCESSES = 2
 SLOTS = 64
@@ -102,7 +102,7 @@ async def _window(url: str, eids: list[str]) -> tuple[float, list[str]]:
         for eid in eids:
             stream = execution_keys_for(client, eid).events
             head = entries(await client.xrange(stream, count=50))
-            claims = [stream_ms(i) for i, f in head if f.get("type") == "step_claimed"]
+            claims = [stream_ms(i) for i, f in head if f.get("type") in CLAIM_TYPES]
             tail = entries(await client.xrevrange(stream, count=5))
             final = [(i, f) for i, f in tail if f.get("type") == "execution_finalized"]
             statuses.append(final[0][1].get("status", "") if final else "unfinished")

@@ -32,7 +32,7 @@ Each airuntime/floor shape runs ``--repeat`` times (default 3; the row is the me
 steps/s, ``runs_steps_per_s`` lists all).
 
 * ``steps_per_s`` = steps / duration; the duration is server time: for airuntime from
-  the first ``step_claimed`` ledger entry to ``execution_finalized`` (stream ids are
+  the first claim entry of the ledger to ``execution_finalized`` (stream ids are
   ``<server ms>-<seq>``), for the floor from its first claim to its last completion
   (``TIME`` in the script); for Celery the client's monotonic clock.
 * ``redis_calls_per_step`` = client round trips / steps
@@ -88,7 +88,7 @@ from benchmarks import floor
 from benchmarks.celery_peer import run_celery
 from benchmarks.dag_shapes import deps_of, plan_of, steps_of
 from benchmarks.dag_targets import gate_failures, target_rows
-from benchmarks.redis_probe import ServerSample, entries, stream_ms
+from benchmarks.redis_probe import CLAIM_TYPES, ServerSample, entries, stream_ms
 
 WORKER_PROCESSES = 2
 DEFAULT_SLOTS = 64
@@ -246,7 +246,8 @@ class LedgerWindow:
 
 
 def ledger_window(client: redis.Redis, execution_id: str) -> LedgerWindow:
-    """First ``step_claimed``, per-process first claims and ``execution_finalized``."""
+    """First claim entry (``steps_claimed`` of a batch, ``step_claimed`` of one step),
+    per-process first claims and ``execution_finalized``."""
     stream = keys.execution_keys(execution_id).events
     first_by_owner: dict[str, int] = {}
     start = "-"
@@ -255,11 +256,11 @@ def ledger_window(client: redis.Redis, execution_id: str) -> LedgerWindow:
         if not page:
             break
         for entry_id, f in page:
-            if f.get("type") == "step_claimed":
+            if f.get("type") in CLAIM_TYPES:
                 first_by_owner.setdefault(f.get("worker", ""), stream_ms(entry_id))
         start = "(" + page[-1][0]
     if not first_by_owner:
-        raise RuntimeError(f"execution {execution_id}: no step_claimed entry in the ledger")
+        raise RuntimeError(f"execution {execution_id}: no claim entry in the ledger")
     finalized: tuple[int, str] | None = None
     for entry_id, f in entries(client.xrevrange(stream, count=20)):
         if f.get("type") == "execution_finalized":

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
-__all__ = ["ServerSample", "entries", "stream_ms", "text", "with_db"]
+__all__ = ["CLAIM_TYPES", "ServerSample", "entries", "stream_ms", "text", "with_db"]
 
 
 def with_db(url: str, db: int) -> str:
@@ -45,6 +45,11 @@ class ServerSample:
 
 def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+CLAIM_TYPES = frozenset({"steps_claimed", "step_claimed"})
+"""Ledger entries that claim steps: a batch's (its ``worker`` the claiming pool) and a
+single throttled step's (:mod:`airuntime.engine.ledger_batches`)."""
 
 
 def stream_ms(entry_id: str) -> int:

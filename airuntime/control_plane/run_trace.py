@@ -7,7 +7,9 @@ and why did it take this long" -- for a run still hot in Redis and for one in th
 archive alike. Both read the execution's material and its ledger (every transition,
 stamped with Redis time by its stream id), nothing else.
 
-Ledger entries used: ``step_claimed`` (attempt, worker), ``step_completed``,
+Ledger entries used (a batch entry, ``steps_claimed`` / ``steps_completed``, read per
+step by :func:`~airuntime.engine.ledger_batches.per_step`): ``step_claimed`` (attempt,
+worker), ``step_completed``,
 ``step_retry_scheduled``, ``step_failed``, ``step_recovered`` (an expired claim returned
 to Ready: the same attempt runs again), ``step_stopped`` (cancel), ``step_skipped``,
 ``input_requested``/``input_provided``, ``run_started`` (the instance) and
@@ -22,6 +24,7 @@ from typing import Any
 from airuntime.control_plane.run_ledger import LedgerEntry
 from airuntime.control_plane.run_material import ExecutionMaterial
 from airuntime.control_plane.run_views import instance_of
+from airuntime.engine.ledger_batches import per_step
 
 __all__ = ["build_report", "build_trace"]
 
@@ -74,20 +77,25 @@ def _replay(ledger: list[LedgerEntry]) -> tuple[dict[str, _Step], list[dict[str,
         if e.type == "step_slots":
             evidence.append({"at_ms": e.at_ms, **e.fields})
             continue
-        step = e.fields.get("step")
-        if step is None:
-            continue
-        s = steps.setdefault(step, _Step())
-        if e.type == "step_claimed":
-            attempt = int(e.fields.get("attempt", "1"))
-            s.attempts.append(_Attempt(attempt, e.fields.get("worker", ""), e.at_ms))
-        elif e.type in _ENDINGS and s.attempts and s.attempts[-1].outcome is None:
-            last = s.attempts[-1]
-            last.ended_at_ms, last.outcome = e.at_ms, _ENDINGS[e.type]
-            last.error = e.fields.get("error")
-        elif e.type in ("step_skipped", "input_requested", "input_provided"):
-            s.marks[e.type.removeprefix("step_") + "_at_ms"] = e.at_ms
+        for kind, fields in per_step(e.type, e.fields):
+            _replay_one(steps, kind, fields, e.at_ms)
     return steps, evidence
+
+
+def _replay_one(steps: dict[str, _Step], kind: str, fields: dict[str, str], at_ms: int) -> None:
+    step = fields.get("step")
+    if step is None:
+        return
+    s = steps.setdefault(step, _Step())
+    if kind == "step_claimed":
+        attempt = int(fields.get("attempt", "1"))
+        s.attempts.append(_Attempt(attempt, fields.get("worker", ""), at_ms))
+    elif kind in _ENDINGS and s.attempts and s.attempts[-1].outcome is None:
+        last = s.attempts[-1]
+        last.ended_at_ms, last.outcome = at_ms, _ENDINGS[kind]
+        last.error = fields.get("error")
+    elif kind in ("step_skipped", "input_requested", "input_provided"):
+        s.marks[kind.removeprefix("step_") + "_at_ms"] = at_ms
 
 
 def _instances(ledger: list[LedgerEntry]) -> list[str]:

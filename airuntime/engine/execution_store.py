@@ -21,6 +21,7 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
+from airuntime.engine.ledger_batches import per_step
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
 from airuntime.engine.store_results import (
@@ -528,11 +529,16 @@ class ExecutionStore:
     async def events(
         self, execution_id: str, after: str = "-", count: int | None = None
     ) -> list[LedgerEvent]:
+        """The ledger's entries from ``after`` (a stream id, ``(`` for exclusive), each
+        batch entry read per step (:func:`~airuntime.engine.ledger_batches.per_step`:
+        its steps' views share its id); ``count`` counts stream entries."""
         raw: Any = await self.redis.xrange(
             self.keys_of(execution_id).events, min=after, count=count
         )
         out: list[LedgerEvent] = []
         for eid, fields in raw:
             f = {_s(k): _s(v) for k, v in fields.items()}
-            out.append(LedgerEvent(_s(eid), f.get("type", ""), f))
+            entry_id = _s(eid)
+            for kind, view in per_step(f.get("type", ""), f):
+                out.append(LedgerEvent(entry_id, kind, view))
         return out

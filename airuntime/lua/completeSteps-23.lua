@@ -6,8 +6,11 @@
   recovered, or re-claimed by someone else) is rejected and changes nothing. A
   completed step releases its dependents (O(children)); the last completion
   finalizes. The batch is read and written with a fixed number of multi-field
-  commands (includes/bulk) plus one ledger entry per step; a step named twice in
-  one call is judged as if the calls came one after the other.
+  commands (includes/bulk) plus one ledger entry for the accepted completions
+  (`steps_completed`: `steps`, `attempts`, `workers`, `tokens` JSON arrays aligned by
+  index, see includes/batchEntry) and one `completion_rejected` entry per rejected
+  item; a step named twice in one call is judged as if the calls came one after the
+  other.
 
   Input:
     KEYS[1..21] the execution's keys
@@ -31,6 +34,7 @@
 --- @include "nowMs"
 --- @include "bulk"
 --- @include "emit"
+--- @include "batchEntry"
 --- @include "releaseMany"
 --- @include "refreshStatus"
 --- @include "claimReady"
@@ -49,6 +53,7 @@ local attempts = hmgetMany(ek.attempt, steps)
 local done = {}
 local accepted, n = {}, 0
 local st, out, ow, tm = {}, {}, {}, {}
+local attemptList, workerList, tokenList = {}, {}, {}
 -- now as a string once (redis.call formats a number argument anew each time)
 local nowS = tostring(now)
 local r = 3
@@ -76,10 +81,9 @@ for k, step in ipairs(steps) do
     out[j - 1] = step; out[j] = output
     ow[j - 1] = step; ow[j] = worker
     tm[j - 1] = 'f:' .. step; tm[j] = nowS
-    -- Same field order as step_claimed: the stream stores entries whose fields match
-    -- its master entry's as values only.
-    emit(ek, 'type', 'step_completed', 'step', step, 'attempt', attempts[k] or '1',
-      'worker', worker, 'token', token)
+    attemptList[n] = attempts[k] or '1'
+    workerList[n] = worker
+    tokenList[n] = token
   end
   if code < 0 then
     emit(ek, 'type', 'completion_rejected', 'step', step, 'worker', worker, 'token', token, 'code', code)
@@ -89,6 +93,8 @@ for k, step in ipairs(steps) do
 end
 local readied = 0
 if #accepted > 0 then
+  emitBatch(ek, 'steps_completed', 'steps', accepted, 'attempts', attemptList,
+    'workers', workerList, 'tokens', tokenList)
   hsetMany(ek.status, st)
   hsetMany(ek.out, out)
   hsetMany(ek.owner, ow)

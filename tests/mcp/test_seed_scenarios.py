@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from airuntime.control_plane.scale_out import LocalScaler
 from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.engine.ledger_batches import per_step
 from tests.mcp.conftest import TINY, mcp_session, ok, stack, until
 
 
@@ -125,7 +126,13 @@ async def test_report_ledger_trace_and_replay_of_a_completed_run(
         ledger = await ok(op, "run_ledger", shared_run_id=srid, limit=999)
         assert ledger["execution_id"] == eid and ledger["next_cursor"] is None
         types = [e["type"] for e in ledger["events"]]
-        assert types[0] == "execution_created" and types.count("step_completed") == 2
+        completed = sorted(
+            f["step"]
+            for e in ledger["events"]
+            for kind, f in per_step(e["type"], e["fields"])
+            if kind == "step_completed"
+        )
+        assert types[0] == "execution_created" and completed == ["a", "b"]
         [resource] = (await op.read_resource(f"airuntime://runs/{srid}/ledger")).contents
         assert isinstance(resource, TextResourceContents)
         assert json.loads(resource.text) == ledger

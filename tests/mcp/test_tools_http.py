@@ -13,6 +13,7 @@ from airuntime.control_plane.mcp.access import role_for
 from airuntime.control_plane.mcp.tools import TOOL_CAPABILITIES
 from airuntime.control_plane.rbac import Capability
 from airuntime.control_plane.settings import ControlPlaneSettings
+from airuntime.engine.ledger_batches import per_step
 from runtime_pod.config import InstanceConfig
 from tests.mcp.conftest import TINY, WAITING, mcp_session, ok, stack, until
 
@@ -99,7 +100,13 @@ async def test_steering_reading_and_replaying_a_run_through_mcp(valkey: Any, his
         ledger = await _whole_ledger(op, srid)
         types = [e["type"] for e in ledger]
         # the answer completes the input step; the other step completes once
-        assert types.count("input_provided") == 1 and types.count("step_completed") == 1
+        completed = [
+            f["step"]
+            for e in ledger
+            for kind, f in per_step(e["type"], e["fields"])
+            if kind == "step_completed"
+        ]
+        assert types.count("input_provided") == 1 and completed == ["after"]
         paused_at, resumed_at = types.index("execution_paused"), types.index("execution_resumed")
         assert paused_at < resumed_at < types.index("input_provided")
 

@@ -22,7 +22,8 @@ the Lua script that checks the claim token of its current claim; a worker whose 
 was replaced (its lease expired while it was frozen, and the step was recovered and
 claimed again) is rejected as stale and changes nothing, and the same claim completing
 twice (a retried call) is recognised as a duplicate. So the ledger holds one
-``step_completed`` per completed step, whatever crashed or retried.
+completion per completed step (``step_completed`` read per step from a batch's
+``steps_completed`` entry), whatever crashed or retried.
 
 *Handler side effects are at-least-once.* A handler may run more than once for the same
 attempt: a frozen worker may finish after another worker recovered its claim (recovery

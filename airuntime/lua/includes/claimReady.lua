@@ -1,12 +1,14 @@
 --- @include "bulk"
 --- @include "emit"
 --- @include "readOutputs"
+--- @include "batchEntry"
 -- Pop up to `want` steps from the plain ready set and claim them for `owner`:
--- status Running, a fresh claim token, lease expiry in the running set, a
--- `step_claimed` ledger entry each. The whole batch costs a fixed number of hash and
--- sorted-set commands (bulk) plus one XADD per step. Appends
--- [step, token, attempt, nrefs, refs...] per claim to `result` and returns the
--- number claimed.
+-- status Running, a fresh claim token, lease expiry in the running set, and one
+-- `steps_claimed` ledger entry for the batch (`worker` the owner; `steps`, `attempts`,
+-- `tokens` JSON arrays aligned by index: airuntime.engine.ledger_batches reads it per
+-- step). The whole batch costs a fixed number of hash and sorted-set commands (bulk)
+-- and one XADD. Appends [step, token, attempt, nrefs, refs...] per claim to `result`
+-- and returns the number claimed.
 local function claimReady(ek, owner, want, leaseMs, now, result)
   if want <= 0 then return 0 end
   local popped = redis.call('ZPOPMIN', ek.ready, want)
@@ -33,6 +35,7 @@ local function claimReady(ek, owner, want, leaseMs, now, result)
   -- argument anew).
   local nowS, expiry = tostring(now), tostring(now + leaseMs)
   local st, tk, ow, tm, rn = {}, {}, {}, {}, {}
+  local attemptList, tokenList = {}, {}
   local r = #result
   for i, step in ipairs(ok) do
     local token = owner .. '#' .. numbers[i]
@@ -43,8 +46,8 @@ local function claimReady(ek, owner, want, leaseMs, now, result)
     ow[j - 1] = step; ow[j] = owner
     tm[j - 1] = 'c:' .. step; tm[j] = nowS
     rn[j - 1] = expiry; rn[j] = step
-    emit(ek, 'type', 'step_claimed', 'step', step, 'attempt', attempt, 'worker', owner,
-      'token', token)
+    attemptList[i] = attempt
+    tokenList[i] = token
     result[r + 1] = step
     result[r + 2] = token
     result[r + 3] = attempt
@@ -58,6 +61,8 @@ local function claimReady(ek, owner, want, leaseMs, now, result)
       result[r] = 0
     end
   end
+  emitBatch(ek, 'steps_claimed', 'worker', owner, 'steps', ok, 'attempts', attemptList,
+    'tokens', tokenList)
   hsetMany(ek.status, st)
   hsetMany(ek.token, tk)
   hsetMany(ek.owner, ow)
