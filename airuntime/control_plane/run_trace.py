@@ -18,15 +18,18 @@ to Ready: the same attempt runs again), ``step_stopped`` (cancel), ``step_skippe
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from airuntime.control_plane.run_ledger import LedgerEntry
 from airuntime.control_plane.run_material import ExecutionMaterial
 from airuntime.control_plane.run_views import instance_of
-from airuntime.engine.ledger_batches import per_step
+from airuntime.engine.ledger_batches import BatchEntryError, per_step
 
 __all__ = ["build_report", "build_trace"]
+
+log = logging.getLogger(__name__)
 
 _ENDINGS = {
     "step_completed": "completed",
@@ -77,7 +80,16 @@ def _replay(ledger: list[LedgerEntry]) -> tuple[dict[str, _Step], list[dict[str,
         if e.type == "step_slots":
             evidence.append({"at_ms": e.at_ms, **e.fields})
             continue
-        for kind, fields in per_step(e.type, e.fields):
+        try:
+            views = list(per_step(e.type, e.fields))
+        except BatchEntryError as exc:
+            # Only the platform's scripts write batch entries; a damaged one costs the
+            # view its steps' attempts, not the whole trace.
+            log.warning(
+                "ledger entry %s (seq %d) left out of the trace: %s", e.entry_id, e.seq, exc
+            )
+            continue
+        for kind, fields in views:
             _replay_one(steps, kind, fields, e.at_ms)
     return steps, evidence
 

@@ -35,6 +35,26 @@ async def _raw(redis: RedisClient, eid: str) -> list[tuple[str, dict[str, str]]]
     return [(reply_text(i), {reply_text(k): reply_text(v) for k, v in f.items()}) for i, f in reply]
 
 
+def _material(eid: str) -> ExecutionMaterial:
+    """The execution as the views see it, for the trace of steps ``a`` and ``b``."""
+    return ExecutionMaterial(
+        execution_id=eid,
+        tenant_id="",
+        pipeline_id="t",
+        status="Succeeded",
+        created_at_ms=0,
+        started_at_ms=None,
+        finished_at_ms=None,
+        counts={},
+        plan={"steps": [{"id": "a", "deps": []}, {"id": "b", "deps": []}]},
+        inputs={},
+        context={},
+        steps={},
+        snapshot=None,
+        source=Source.HOT,
+    )
+
+
 async def test_a_claim_batch_and_a_completion_batch_are_one_entry_each(
     store: ExecutionStore, engine_redis: RedisClient
 ) -> None:
@@ -124,28 +144,29 @@ async def test_the_run_trace_reads_batch_entries_per_step(store: ExecutionStore)
     await store.complete(eid, "pool-9", [(c.step_id, c.token, "pool-9/w3", "null") for c in claims])
     raw = await _raw(store.redis, eid)
     ledger = [LedgerEntry(seq, i, f.pop("type"), f) for seq, (i, f) in enumerate(raw)]
-    material = ExecutionMaterial(
-        execution_id=eid,
-        tenant_id="",
-        pipeline_id="t",
-        status="Succeeded",
-        created_at_ms=0,
-        started_at_ms=None,
-        finished_at_ms=None,
-        counts={},
-        plan={"steps": [{"id": "a", "deps": []}, {"id": "b", "deps": []}]},
-        inputs={},
-        context={},
-        steps={},
-        snapshot=None,
-        source=Source.HOT,
-    )
-    rows = {r["step"]: r for r in build_trace(material, ledger)["steps"]}
+    rows = {r["step"]: r for r in build_trace(_material(eid), ledger)["steps"]}
     for step in ("a", "b"):
         (attempt,) = rows[step]["attempts"]
         assert attempt["worker"] == "pool-9"
         assert attempt["outcome"] == "completed"
         assert attempt["ended_at_ms"] >= attempt["claimed_at_ms"] == rows[step]["start_ms"]
+
+
+async def test_a_damaged_batch_entry_costs_the_trace_its_steps_not_the_trace(
+    store: ExecutionStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    eid = await store.create(plan_of({"a": [], "b": []}))
+    claims = (await store.claim(eid, "pool-9", 5, 30_000)).claims
+    await store.complete(eid, "pool-9", [(c.step_id, c.token, "pool-9/w3", "null") for c in claims])
+    raw = await _raw(store.redis, eid)
+    ledger = [LedgerEntry(seq, i, f.pop("type"), f) for seq, (i, f) in enumerate(raw)]
+    damaged = next(e for e in ledger if e.type == "steps_claimed")
+    damaged.fields["tokens"] = "not json"
+    with caplog.at_level("WARNING", logger="airuntime.control_plane.run_trace"):
+        rows = {r["step"]: r for r in build_trace(_material(eid), ledger)["steps"]}
+    assert rows["a"]["attempts"] == [] and rows["b"]["attempts"] == []
+    assert f"ledger entry {damaged.entry_id} (seq {damaged.seq}) left out" in caplog.text
+    assert "'tokens' is not JSON" in caplog.text
 
 
 def test_other_entries_pass_through_unchanged() -> None:
