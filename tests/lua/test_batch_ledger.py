@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airuntime.control_plane.run_ledger import LedgerEntry
+from airuntime.control_plane.run_ledger import LedgerEntry, LedgerReader
 from airuntime.control_plane.run_material import ExecutionMaterial, Source
 from airuntime.control_plane.run_trace import build_trace
 from airuntime.core.execution_layout import execution_keys_for
@@ -33,6 +33,15 @@ def store(engine_redis: RedisClient) -> ExecutionStore:
 async def _raw(redis: RedisClient, eid: str) -> list[tuple[str, dict[str, str]]]:
     reply: Any = await redis.xrange(execution_keys_for(redis, eid).events)
     return [(reply_text(i), {reply_text(k): reply_text(v) for k, v in f.items()}) for i, f in reply]
+
+
+async def _two_steps_run(store: ExecutionStore) -> tuple[str, list[LedgerEntry]]:
+    """Steps ``a`` and ``b`` claimed by ``pool-9`` in one batch and completed by its
+    slot ``w3`` in one batch; the execution and its ledger as the API reads it."""
+    eid = await store.create(plan_of({"a": [], "b": []}))
+    claims = (await store.claim(eid, "pool-9", 5, 30_000)).claims
+    await store.complete(eid, "pool-9", [(c.step_id, c.token, "pool-9/w3", "null") for c in claims])
+    return eid, await LedgerReader(store.redis, None).all(eid, "")
 
 
 def _material(eid: str) -> ExecutionMaterial:
@@ -139,11 +148,7 @@ async def test_a_retried_step_claimed_again_carries_its_new_attempt(
 
 
 async def test_the_run_trace_reads_batch_entries_per_step(store: ExecutionStore) -> None:
-    eid = await store.create(plan_of({"a": [], "b": []}))
-    claims = (await store.claim(eid, "pool-9", 5, 30_000)).claims
-    await store.complete(eid, "pool-9", [(c.step_id, c.token, "pool-9/w3", "null") for c in claims])
-    raw = await _raw(store.redis, eid)
-    ledger = [LedgerEntry(seq, i, f.pop("type"), f) for seq, (i, f) in enumerate(raw)]
+    eid, ledger = await _two_steps_run(store)
     rows = {r["step"]: r for r in build_trace(_material(eid), ledger)["steps"]}
     for step in ("a", "b"):
         (attempt,) = rows[step]["attempts"]
@@ -155,11 +160,7 @@ async def test_the_run_trace_reads_batch_entries_per_step(store: ExecutionStore)
 async def test_a_damaged_batch_entry_costs_the_trace_its_steps_not_the_trace(
     store: ExecutionStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    eid = await store.create(plan_of({"a": [], "b": []}))
-    claims = (await store.claim(eid, "pool-9", 5, 30_000)).claims
-    await store.complete(eid, "pool-9", [(c.step_id, c.token, "pool-9/w3", "null") for c in claims])
-    raw = await _raw(store.redis, eid)
-    ledger = [LedgerEntry(seq, i, f.pop("type"), f) for seq, (i, f) in enumerate(raw)]
+    eid, ledger = await _two_steps_run(store)
     damaged = next(e for e in ledger if e.type == "steps_claimed")
     damaged.fields["tokens"] = "not json"
     with caplog.at_level("WARNING", logger="airuntime.control_plane.run_trace"):
