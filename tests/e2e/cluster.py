@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from airuntime_operator import deployments
+from tests.polling import wait_until
 
 Doc = dict[str, Any]
 
@@ -86,14 +87,9 @@ def free_port() -> int:
 def wait_for(
     predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.2
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+    """The shared deadline poll (:func:`tests.polling.wait_until`) with this module's
+    ``timeout`` keyword and interval."""
+    return wait_until(predicate, within=timeout, what=what, interval=interval)
 
 
 def executable(name: str) -> str:
