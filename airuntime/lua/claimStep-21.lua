@@ -43,7 +43,7 @@ local seq = redis.call('HINCRBY', ek.meta, 'claim_seq', 1)
 local token = owner .. '#' .. seq
 local attempt = markClaimed(ek, step, owner, token, now, now + tonumber(ARGV[3]), ARGV[4])
 redis.call('HINCRBY', ek.meta, 'running', 1)
-redis.call('HSETNX', ek.meta, 'started_at', now)
+if seq == 1 then redis.call('HSETNX', ek.meta, 'started_at', now) end -- the first claim (includes/claimReady)
 local result = {1, token, attempt}
 readOutputs(ek, step, result)
 return result

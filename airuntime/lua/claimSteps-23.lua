@@ -45,9 +45,9 @@ local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {terminal, -1, 0, 0, 0} end
 
 local _, recovered = moveDue(ek, now, tonumber(ARGV[4]))
-local status = refreshStatus(ek)
+local status, mayEnd = refreshStatus(ek)
 if status ~= 'Running' then
-  local final = finalizeIfDone(ek, now)
+  local final = mayEnd and finalizeIfDone(ek, now)
   if final then return {final, -1, 0, 0, recovered} end
   return {status, nextWake(ek, now), 0, 0, recovered}
 end

@@ -41,7 +41,10 @@
 --- @include "finalize"
 
 local ek = execKeys(KEYS)
-if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
+-- The counters this call moves, read once and written back in one HSET (three
+-- HINCRBYs before); an execution's meta always holds them, so none means no execution.
+local counts = redis.call('HMGET', ek.meta, 'completed', 'done', 'running')
+if not counts[2] then return {-1} end
 local owner = ARGV[1]
 local now = nowMs()
 local result = {'', 0, 0}
@@ -100,13 +103,12 @@ if #accepted > 0 then
   hsetMany(ek.owner, ow)
   hsetMany(ek.times, tm)
   zremMany(ek.running, accepted)
-  redis.call('HINCRBY', ek.meta, 'completed', #accepted)
-  redis.call('HINCRBY', ek.meta, 'done', #accepted)
-  redis.call('HINCRBY', ek.meta, 'running', -#accepted)
+  redis.call('HSET', ek.meta, 'completed', tonumber(counts[1] or '0') + #accepted,
+    'done', tonumber(counts[2]) + #accepted, 'running', tonumber(counts[3] or '0') - #accepted)
   readied = releaseMany(ek, accepted)
 end
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, now)
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, now)
 result[1] = final or status
 result[2] = readied
 result[3] = #result - 3

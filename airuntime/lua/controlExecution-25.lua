@@ -70,8 +70,8 @@ elseif action == 'resume' then
 else
   return redis.error_reply('unknown control action ' .. tostring(action))
 end
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, now)
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, now)
 if ARGV[3] and ARGV[3] ~= '' then
   redis.call('PUBLISH', ARGV[3], redis.call('HGET', ek.meta, 'execution_id'))
 end

@@ -72,6 +72,6 @@ else
     redis.call('HSET', ek.meta, 'failing', 1)
   end
 end
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, now)
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, now)
 return {final or status, outcome, attempt, nextAt}

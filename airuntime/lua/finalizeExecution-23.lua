@@ -20,7 +20,7 @@
 
 local ek = execKeys(KEYS)
 if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, (nowMs()))
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, (nowMs()))
 if final then return {1, final} end
 return {0, status}

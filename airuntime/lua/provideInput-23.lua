@@ -43,6 +43,6 @@ redis.call('HINCRBY', ek.meta, 'completed', 1)
 redis.call('HINCRBY', ek.meta, 'done', 1)
 emit(ek, 'type', 'input_provided', 'step', step, 'actor', ARGV[3])
 releaseChildren(ek, step)
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, now)
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, now)
 return {1, final or status}

@@ -26,6 +26,6 @@ local terminal = redis.call('HGET', ek.meta, 'terminal')
 if terminal and terminal ~= '' then return {terminal, 0, 0, -1} end
 local now = nowMs()
 local promoted, recovered = moveDue(ek, now, tonumber(ARGV[1]))
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, now)
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, now)
 return {final or status, promoted, recovered, nextWake(ek, now)}

@@ -67,8 +67,8 @@ if stopped > 0 then
   redis.call('HINCRBY', ek.meta, 'done', stopped)
   redis.call('HINCRBY', ek.meta, 'running', -stopped)
 end
-local status = refreshStatus(ek)
-local final = finalizeIfDone(ek, now)
+local status, mayEnd = refreshStatus(ek)
+local final = mayEnd and finalizeIfDone(ek, now)
 result[1] = final or status
 result[2] = #result - 2
 return result

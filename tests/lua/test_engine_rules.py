@@ -507,3 +507,56 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
     }
     assert expected["flaky"]["attempts"] == 2 and expected["flaky"]["error"] == 'boom "quoted"\n'
     assert snap["counts"] == {"total": 5, "completed": 2, "failed": 1, "skipped": 2, "cancelled": 0}
+
+
+async def _server_ms(store: ExecutionStore) -> int:
+    seconds, micros = await store.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def _past(store: ExecutionStore, ms: int) -> None:
+    """Return once the server's clock has passed ``ms``."""
+    for _ in range(2000):
+        if await _server_ms(store) > ms:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"the server clock never passed {ms}")
+
+
+async def test_the_first_claim_stamps_started_at_and_later_claims_keep_it(
+    store: ExecutionStore,
+) -> None:
+    eid = await store.create(plan_of({"a": [], "b": ["a"], "c": ["b"], "d": ["c"]}))
+    meta = store.keys_of(eid).meta
+    assert await store.redis.hget(meta, "started_at") is None
+    first = await store.claim(eid, "w", 10, 30_000)
+    started = int(await store.redis.hget(meta, "started_at") or 0)
+    assert started > 0
+    assert started <= await _server_ms(store)
+    await _past(store, started)
+    # a completion that claims the next step, a batch claim and a single (claimStep) claim
+    done = await store.complete(
+        eid, "w", [("a", first.claims[0].token, "w", "null")], claim_next=10, lease_ms=30_000
+    )
+    assert [c.step_id for c in done.claims] == ["b"]
+    await store.complete(eid, "w", [("b", done.claims[0].token, "w", "null")])
+    assert [c.step_id for c in (await store.claim(eid, "w", 10, 30_000)).claims] == ["c"]
+    assert int(await store.redis.hget(meta, "started_at") or 0) == started
+
+
+async def test_completion_counters_follow_each_batch_and_a_missing_execution_is_refused(
+    store: ExecutionStore,
+) -> None:
+    eid = await store.create(plan_of({f"s{i}": [] for i in range(5)} | {"z": ["s0", "s1"]}))
+    claims = (await store.claim(eid, "w", 5, 30_000)).claims
+    items = [(c.step_id, c.token, "w", "1") for c in claims]
+    first = await store.complete(eid, "w", items[:2])
+    assert first.codes == [1, 1] and first.readied == 1
+    info = await store.info(eid)
+    assert (info.completed, info.done, info.running, info.status) == (2, 2, 3, "Running")
+    again = await store.complete(eid, "w", items[:3])  # two retried, one new
+    assert again.codes == [2, 2, 1]
+    info = await store.info(eid)
+    assert (info.completed, info.done, info.running) == (3, 3, 2)
+    with pytest.raises(ExecutionNotFound, match="nope"):
+        await store.complete("nope", "w", items[:1])

@@ -69,6 +69,8 @@ local function claimReady(ek, owner, want, leaseMs, now, result)
   hsetMany(ek.times, tm)
   zaddMany(ek.running, rn)
   redis.call('HINCRBY', ek.meta, 'running', #ok)
-  redis.call('HSETNX', ek.meta, 'started_at', now)
+  -- Every claim numbers itself from claim_seq (this one and claimStep's), so only the
+  -- execution's first claim finds it at 0 and stamps started_at.
+  if first == 0 then redis.call('HSETNX', ek.meta, 'started_at', now) end
   return #ok
 end

@@ -1,11 +1,18 @@
 -- Derive the execution status from its control fields and counters and store it
 -- (written only when it changed: most calls of a running execution leave it Running).
 -- Only 'Running' allows new claims.
+-- Second result, mayEnd: whether the execution can be terminal now (it is already, a
+-- cancel or a failure is pending, or every step is done). When false, finalizeIfDone
+-- would find nothing to do, so callers write
+--   local status, mayEnd = refreshStatus(ek)
+--   local final = mayEnd and finalizeIfDone(ek, now)
+-- and a call that finishes nothing pays one meta read, not two.
 local function refreshStatus(ek)
   local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'waiting_input',
-    'status')
+    'status', 'done', 'total')
   local status
-  if m[1] and m[1] ~= '' then
+  local terminal = m[1] and m[1] ~= ''
+  if terminal then
     status = m[1]
   elseif m[2] == 'cancel' then
     status = 'Cancelling'
@@ -19,5 +26,7 @@ local function refreshStatus(ek)
     status = 'Running'
   end
   if m[6] ~= status then redis.call('HSET', ek.meta, 'status', status) end
-  return status
+  local mayEnd = terminal or m[2] == 'cancel' or m[3] == '1'
+    or tonumber(m[7] or '0') >= tonumber(m[8] or '0')
+  return status, mayEnd
 end
