@@ -96,7 +96,9 @@ class Adoption:
             return
         if record.instance_id in live or not await self._may_adopt(record):
             return
-        if not await inst.index.adopt(record.run_id, record.instance_id, inst.instance_id):
+        if not await inst.index.adopt(
+            record.run_id, record.instance_id, inst.instance_id, record.status
+        ):
             return  # another instance was first
         log.warning(
             "%s adopted %s run %s from %s",

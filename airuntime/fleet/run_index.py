@@ -442,17 +442,21 @@ class RunIndex:
         """Put an adopted queued run at the end of ``instance_id``'s queue."""
         await self.redis.rpush(self.queue_key(instance_id), run_id)
 
-    async def adopt(self, run_id: str, dead_instance: str, new_instance: str) -> bool:
-        """Compare-and-set ownership from a dead instance to ``new_instance``; refused
-        while ``dead_instance`` is registered (checked just before: the descriptor is
-        in another slot than the run on a cluster, see adoptRun)."""
+    async def adopt(
+        self, run_id: str, dead_instance: str, new_instance: str, status: RunStatus
+    ) -> bool:
+        """Compare-and-set ownership from a dead instance to ``new_instance`` of a run
+        the caller saw in ``status`` (queued or running); refused while
+        ``dead_instance`` is registered (checked just before: the descriptor is in
+        another slot than the run on a cluster, see adoptRun) and when the run's status
+        changed since (its owner came back and started it)."""
         if await self.redis.exists(keys.instance(dead_instance)):
             return False
         reply = await self.scripts.call(
             self.redis,
             "adoptRun",
             [self.run_key(run_id)],
-            [dead_instance, new_instance, int(time.time() * 1000)],
+            [dead_instance, new_instance, int(time.time() * 1000), status.value],
         )
         return int(reply) == 1
 

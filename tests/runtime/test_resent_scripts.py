@@ -48,7 +48,7 @@ async def test_a_resent_adoption_is_the_same_adoption_and_another_is_refused(
     async def adopt(dead: str, adopter: str, at_ms: int) -> int:
         return int(
             await index.scripts.call(
-                redis, "adoptRun", [index.run_key(run_id)], [dead, adopter, at_ms]
+                redis, "adoptRun", [index.run_key(run_id)], [dead, adopter, at_ms, "queued"]
             )
         )
 
@@ -63,6 +63,27 @@ async def test_a_resent_adoption_is_the_same_adoption_and_another_is_refused(
     assert fields[b"adopted_from"] == b"dead-1,live-1"
     assert await adopt("dead-1", "live-2", now) == 0, "live-2 did not adopt it from dead-1"
     assert await redis.exists(index.run_key(run_id)) == 1
+
+
+async def test_a_queued_run_its_owner_started_after_the_adopters_look_stays_the_owners(
+    runtime: Runtime, redis: Redis
+) -> None:
+    """The adopter saw the run queued under an unregistered owner; the owner registered
+    and started it before the adopter's compare-and-set landed: the run is running
+    now, so the adoption is refused and the run keeps one participation, its owner's.
+    A running run whose owner is dead is still adopted when the adopter saw it
+    running."""
+    index = runtime.index
+    run_id, _ = await index.accept("back-1", request(pipeline(1)))
+    assert await index.start("back-1", run_id, "ex-owner")
+    assert not await index.adopt(run_id, "back-1", "live-1", RunStatus.QUEUED)
+    record = await index.get_for_tenant(run_id, "tenant-a")
+    assert record is not None
+    assert (record.instance_id, record.status) == ("back-1", RunStatus.RUNNING)
+    assert b"adopted_from" not in await redis.hgetall(index.run_key(run_id))
+    assert await index.adopt(run_id, "back-1", "live-1", RunStatus.RUNNING)
+    record = await index.get_for_tenant(run_id, "tenant-a")
+    assert record is not None and record.instance_id == "live-1"
 
 
 async def test_a_start_merges_the_runners_metadata_once_and_a_refused_start_writes_none(
