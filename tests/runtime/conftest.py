@@ -55,7 +55,7 @@ class Runtime:
         handlers: HandlerRegistry | None = None,
         **config: Any,
     ) -> RuntimeInstance:
-        cfg = InstanceConfig(**{"heartbeat_s": 0.1, "lease_ms": 3000, **config})
+        cfg = InstanceConfig(**{"heartbeat_s": 0.5, "lease_ms": 3000, **config})
         inst = RuntimeInstance(
             self.redis,
             cfg,
@@ -120,7 +120,7 @@ async def hosts(runtime: Runtime) -> AsyncIterator[MakeHost]:
     async def make(
         instances: int = 1, settings_store: SettingsStore | None = None, **config: Any
     ) -> RuntimeHost:
-        cfg = InstanceConfig(**{"heartbeat_s": 0.1, "lease_ms": 3000, **config})
+        cfg = InstanceConfig(**{"heartbeat_s": 0.5, "lease_ms": 3000, **config})
         host = RuntimeHost(
             runtime.redis,
             cfg,
