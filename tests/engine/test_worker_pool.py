@@ -357,3 +357,48 @@ async def test_a_step_outliving_its_lease_keeps_its_claim_through_renewals(
     assert calls == ["a"]
     events = await store.events(eid)
     assert [e.type for e in events if e.type == "step_recovered"] == []
+
+
+class _Recording(HandlerRegistry):
+    """A registry that notes each lookup in a shared log."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(autoload=True)
+        self.log = log
+
+    def get(self, name: str) -> Any:
+        self.log.append(f"get {name}")
+        return super().get(name)
+
+
+async def test_a_pool_resolves_its_handlers_before_it_claims_and_an_unknown_one_fails_its_step(
+    store: ExecutionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first lookup of a handler may import its module: done before the first claim,
+    so no claimed step's lease runs meanwhile. A name this worker cannot resolve (the
+    plan was compiled where a plugin provides it) still fails only its own step, when
+    it runs, naming the handler."""
+    log: list[str] = []
+    claim = store.claim
+
+    async def noting_claim(*args: Any, **kwargs: Any) -> Any:
+        log.append("claim")
+        return await claim(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim", noting_claim)
+    plan = plan_of(
+        {"a": [], "b": [], "c": ["a"]},
+        steps={"a": {"uses": "noop"}, "b": {"uses": "plugin_only"}, "c": {"uses": "echo"}},
+        failure_policy="continue",
+        registry=registry(plugin_only=lambda ctx: "from the plugin"),
+    )
+    eid = await store.create(plan)
+    pool = WorkerPool(store, _Recording(log), PoolSettings(workers=2))
+    assert await pool.run(eid) == "Failed"
+    first_claim = log.index("claim")
+    assert {"get noop", "get plugin_only", "get echo"} <= set(log[:first_claim]), log
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["steps"]["a"]["status"] == snap["steps"]["c"]["status"] == "completed"
+    assert snap["steps"]["b"]["status"] == "failed"
+    assert "plugin_only" in snap["steps"]["b"]["error"]
