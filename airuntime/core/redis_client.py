@@ -51,6 +51,7 @@ __all__ = [
     "is_cluster",
     "is_cluster_url",
     "redacted",
+    "server_ms",
 ]
 
 CLUSTER_SCHEME = "redis+cluster"
@@ -251,6 +252,13 @@ def _cluster_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     if kwargs.get("connection_class") is SSLConnection:
         out["ssl"] = True
     return out
+
+
+async def server_ms(client: RedisClient) -> int:
+    """The server's clock (``TIME``) in milliseconds: what retention, repair and lease
+    decisions compare with, never the caller's clock."""
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def is_cluster(client: RedisClient) -> bool:

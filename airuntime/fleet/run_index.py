@@ -57,7 +57,7 @@ from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.errors import AirError, ScriptError
 from airuntime.core.execution_layout import LayoutGuard
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, server_ms
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.run_layout import check_run_layout, new_run_id, run_buckets_for
 from airuntime.core.script_batching import ScriptBatcher
@@ -479,8 +479,7 @@ class RunIndex:
         missing = [r for r in own_queued if r not in queued]
         if not missing:
             return []
-        seconds, micros = await self.redis.time()
-        oldest_ms = int(seconds) * 1000 + int(micros) // 1000 - min_age_ms
+        oldest_ms = await server_ms(self.redis) - min_age_ms
         pipe = self.redis.pipeline(transaction=False)
         for run_id in missing:
             pipe.hmget(
@@ -505,8 +504,7 @@ class RunIndex:
         """The retention sweep: remove the tenant index entries (and what is left of the
         records) of runs whose retention has passed, by Redis time, in every bucket
         (up to ``limit`` per bucket); how many."""
-        seconds, micros = await self.redis.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = await server_ms(self.redis)
         pipe = self.redis.pipeline(transaction=False)
         buckets = keys.run_buckets(self.buckets)
         for bucket in buckets:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from airuntime.core import keys
 from airuntime.core.execution_layout import buckets_for
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, server_ms
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.scripts import ScriptLibrary, library
@@ -413,5 +413,4 @@ class ExecutionArchiver:
         return sum(1 for reply in results for r in reply if int(r[0]) == 2)
 
     async def _redis_ms(self) -> int:
-        sec, usec = await self.redis.time()
-        return int(sec) * 1000 + int(usec) // 1000
+        return await server_ms(self.redis)

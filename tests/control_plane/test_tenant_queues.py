@@ -23,6 +23,7 @@ from airuntime.control_plane.reconciler import Reconciler
 from airuntime.control_plane.shared_queue import ClaimedItem, QueueItemStatus, SharedQueue
 from airuntime.control_plane.shared_runs import SharedRun, SharedRunStatus, SharedRunStore
 from airuntime.core import keys
+from airuntime.core.redis_client import server_ms
 from airuntime.core.scripts import library
 from tests.control_plane.support import TINY_PIPELINE, manual_cp, snap, wait_for
 from tests.round_trips import RoundTripCounting
@@ -233,8 +234,7 @@ async def test_an_expired_claim_of_a_tenant_with_nothing_pending_is_recovered(
     assert expiry is not None
 
     async def lease_expired() -> bool:  # Redis time past the 1 ms lease: a clock, not order
-        seconds, micros = await redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000 > expiry
+        return await server_ms(redis) > expiry
 
     await wait_for(lease_expired, timeout_s=5, interval_s=0.001, what="the claim lease to pass")
     live = SharedQueue(redis)

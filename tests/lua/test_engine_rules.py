@@ -20,8 +20,9 @@ from airuntime.core.errors import (
     InvalidTransition,
     StepNotFound,
 )
-from airuntime.core.redis_client import RedisClient
+from airuntime.core.redis_client import RedisClient, server_ms
 from airuntime.engine.execution_store import ExecutionStore
+from tests.control_plane.support import wait_for
 from tests.dags import chain, fan, plan_of
 
 
@@ -509,20 +510,6 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
     assert snap["counts"] == {"total": 5, "completed": 2, "failed": 1, "skipped": 2, "cancelled": 0}
 
 
-async def _server_ms(store: ExecutionStore) -> int:
-    seconds, micros = await store.redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-async def _past(store: ExecutionStore, ms: int) -> None:
-    """Return once the server's clock has passed ``ms``."""
-    for _ in range(2000):
-        if await _server_ms(store) > ms:
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"the server clock never passed {ms}")
-
-
 async def test_the_first_claim_stamps_started_at_and_later_claims_keep_it(
     store: ExecutionStore,
 ) -> None:
@@ -532,8 +519,12 @@ async def test_the_first_claim_stamps_started_at_and_later_claims_keep_it(
     first = await store.claim(eid, "w", 10, 30_000)
     started = int(await store.redis.hget(meta, "started_at") or 0)
     assert started > 0
-    assert started <= await _server_ms(store)
-    await _past(store, started)
+    assert started <= await server_ms(store.redis)
+
+    async def clock_passed() -> bool:  # a clock, not an order: a re-stamp would differ
+        return await server_ms(store.redis) > started
+
+    await wait_for(clock_passed, timeout_s=5, interval_s=0.001, what="the server clock")
     # a completion that claims the next step, a batch claim and a single (claimStep) claim
     done = await store.complete(
         eid, "w", [("a", first.claims[0].token, "w", "null")], claim_next=10, lease_ms=30_000

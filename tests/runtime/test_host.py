@@ -57,17 +57,7 @@ async def test_a_pooled_host_hosts_three_registered_dispatch_targets_but_not_its
 ) -> None:
     # assist=False: an idle instance would otherwise lend its workers to the busy one's
     # execution, and the point here is that each descriptor reports its own capacity.
-    # Heartbeats every 0.5 s (descriptor TTL 1.5 s), not the fixture's 0.1 s (TTL 0.3 s):
-    # this test reads every descriptor as live, and on a loaded two-core machine three
-    # instances starting in one loop can stall past 0.3 s (one CI run saw only pool-2).
-    host = await hosts(
-        instances=3,
-        runtime_prefix="pool",
-        provider="http",
-        workers=2,
-        assist=False,
-        heartbeat_s=0.5,
-    )
+    host = await hosts(instances=3, runtime_prefix="pool", provider="http", workers=2, assist=False)
     ids = [i.instance_id for i in host.instances]
     assert ids == ["pool-1", "pool-2", "pool-3"]
     registered = await runtime.registry.list_all()

@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from airuntime.core import keys
+from airuntime.core.redis_client import server_ms
 from airuntime.core.scripts import library
 from airuntime.fleet.registry import CapacityDescriptor, InstanceDescriptor, Registry
 from tests.runtime.support import eventually
@@ -24,11 +25,6 @@ from tests.runtime.support import eventually
 pytestmark = pytest.mark.timeout(60)
 
 HOUR_MS = 3_600_000
-
-
-async def _redis_ms(redis: Redis) -> int:
-    seconds, micros = await redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def _descriptor(instance_id: str, stamp_ms: int, free_slots: int = 1) -> InstanceDescriptor:
@@ -54,7 +50,7 @@ def _descriptor(instance_id: str, stamp_ms: int, free_slots: int = 1) -> Instanc
 async def _reserve(redis: Redis, d: InstanceDescriptor, ttl_ms: int, grace_ms: int = 0) -> int:
     """Reserve as admission does: the descriptor's age is measured by Redis (its stamp is
     Redis time), never a runtime's clock; a stamp from the future counts as age 0."""
-    age_ms = max(0, await _redis_ms(redis) - d.capacity.snapshot_at_ms)
+    age_ms = max(0, await server_ms(redis) - d.capacity.snapshot_at_ms)
     reply: Any = await library().call(
         redis,
         "reserveSlot",
@@ -69,9 +65,9 @@ async def test_publication_stamps_the_descriptor_with_redis_time_not_the_runtime
 ) -> None:
     registry = Registry(redis)
     skewed = int(time.time() * 1000) + HOUR_MS  # a runtime whose clock is an hour ahead
-    before = await _redis_ms(redis)
+    before = await server_ms(redis)
     stamped = await registry.publish(_descriptor("rt-1", skewed), ttl_ms=5000)
-    after = await _redis_ms(redis)
+    after = await server_ms(redis)
     stored = await registry.get("rt-1")
     assert stored is not None
     assert before <= stamped <= after
@@ -97,7 +93,7 @@ async def test_a_reservation_expires_by_redis_time_and_a_skewed_runtime_cannot_e
     await registry.publish(_descriptor("rt-1", int(time.time() * 1000) + HOUR_MS), 60_000)
     republished = await registry.get("rt-1")
     assert republished is not None
-    assert republished.capacity.snapshot_at_ms <= await _redis_ms(redis)
+    assert republished.capacity.snapshot_at_ms <= await server_ms(redis)
     assert await _reserve(redis, republished, ttl_ms, grace_ms) == -7, "still reserved"
 
     async def expired() -> bool:
@@ -127,7 +123,7 @@ async def test_a_publication_with_a_guessed_queue_length_writes_only_if_it_holds
     guessed = _descriptor("rt-q", 0)
     assert guessed.capacity.queued_run_count == 0
     published, stamp = await registry.publish_if_queued(guessed, 60_000, queue)
-    assert published and abs(stamp - await _redis_ms(redis)) < 5_000
+    assert published and abs(stamp - await server_ms(redis)) < 5_000
     stored = await registry.get("rt-q")
     assert stored is not None and stored.heartbeat_at_ms == stamp
     assert await redis.zscore(keys.instances(), "rt-q") == stamp + 60_000
