@@ -49,11 +49,15 @@ key                                    type    content / written by
 ``air:{e:E}:running``                  zset    Running steps, score = lease expiry (ms).
 ``air:{e:E}:attempt``                  hash    step -> current 1-based attempt. failStep.
 ``air:{e:E}:token``                    hash    step -> claim token of the current owner. claims.
-``air:{e:E}:owner``                    hash    step -> worker id of the last claim/completion.
+``air:{e:E}:owner``                    hash    step -> finish record ``<ms>|<worker>`` of the last
+                                               attempt that ended (completed, failed, stopped,
+                                               input provided); the owner alone (no time) of a
+                                               claim that expired. A live claim's owner is its
+                                               token's prefix (``<owner>#<seq>``).
 ``air:{e:E}:out``                      hash    step -> output JSON. completeSteps, provideInput.
 ``air:{e:E}:err``                      hash    step -> last error text. failStep.
-``air:{e:E}:times``                    hash    ``c:<step>`` claimed-at ms, ``f:<step>`` finished ms,
-                                               ``r:<step>`` next retry ms.
+``air:{e:E}:times``                    hash    ``c:<step>`` claimed-at ms, ``r:<step>`` next retry
+                                               ms (finish times are in ``owner``).
 ``air:{e:E}:refs``                     hash    step -> comma-separated steps whose outputs it reads
                                                (returned with the claim). create.
 ``air:{e:E}:max_attempts``             hash    step -> retry budget (only when > 1). create.

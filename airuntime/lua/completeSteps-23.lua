@@ -39,6 +39,7 @@
 --- @include "refreshStatus"
 --- @include "claimReady"
 --- @include "finalize"
+--- @include "finishRecord"
 
 local ek = execKeys(KEYS)
 -- The counters this call moves, read once and written back in one HSET (three
@@ -55,7 +56,7 @@ local tokens = hmgetMany(ek.token, steps)
 local attempts = hmgetMany(ek.attempt, steps)
 local done = {}
 local accepted, n = {}, 0
-local st, out, ow, tm = {}, {}, {}, {}
+local st, out, ow = {}, {}, {}
 local attemptList, workerList, tokenList = {}, {}, {}
 -- now as a string once (redis.call formats a number argument anew each time)
 local nowS = tostring(now)
@@ -82,8 +83,7 @@ for k, step in ipairs(steps) do
     local j = 2 * n
     st[j - 1] = step; st[j] = 'completed'
     out[j - 1] = step; out[j] = output
-    ow[j - 1] = step; ow[j] = worker
-    tm[j - 1] = 'f:' .. step; tm[j] = nowS
+    ow[j - 1] = step; ow[j] = finishRecord(nowS, worker)
     attemptList[n] = attempts[k] or '1'
     workerList[n] = worker
     tokenList[n] = token
@@ -101,7 +101,6 @@ if #accepted > 0 then
   hsetMany(ek.status, st)
   hsetMany(ek.out, out)
   hsetMany(ek.owner, ow)
-  hsetMany(ek.times, tm)
   zremMany(ek.running, accepted)
   redis.call('HSET', ek.meta, 'completed', tonumber(counts[1] or '0') + #accepted,
     'done', tonumber(counts[2]) + #accepted, 'running', tonumber(counts[3] or '0') - #accepted)

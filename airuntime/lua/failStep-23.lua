@@ -28,6 +28,7 @@
 --- @include "skipDescendants"
 --- @include "refreshStatus"
 --- @include "finalize"
+--- @include "finishRecord"
 
 local ek = execKeys(KEYS)
 if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
@@ -46,8 +47,7 @@ local maxAttempts = tonumber(redis.call('HGET', ek.maxAttempts, step) or '1')
 redis.call('ZREM', ek.running, step)
 redis.call('HINCRBY', ek.meta, 'running', -1)
 redis.call('HSET', ek.err, step, ARGV[4])
-redis.call('HSET', ek.owner, step, worker)
-redis.call('HSET', ek.times, 'f:' .. step, now)
+redis.call('HSET', ek.owner, step, finishRecord(now, worker))
 
 local outcome, nextAt = 'failed', 0
 if ARGV[5] == '1' and attempt < maxAttempts then

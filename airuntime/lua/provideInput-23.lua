@@ -23,6 +23,7 @@
 --- @include "releaseChildren"
 --- @include "refreshStatus"
 --- @include "finalize"
+--- @include "finishRecord"
 
 local ek = execKeys(KEYS)
 if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
@@ -36,8 +37,7 @@ if st ~= 'input_wait' then return {-4, st} end
 local now = nowMs()
 redis.call('HSET', ek.status, step, 'completed')
 redis.call('HSET', ek.out, step, ARGV[2])
-redis.call('HSET', ek.owner, step, ARGV[3])
-redis.call('HSET', ek.times, 'f:' .. step, now)
+redis.call('HSET', ek.owner, step, finishRecord(now, ARGV[3]))
 redis.call('HINCRBY', ek.meta, 'waiting_input', -1)
 redis.call('HINCRBY', ek.meta, 'completed', 1)
 redis.call('HINCRBY', ek.meta, 'done', 1)

@@ -29,6 +29,7 @@
 --- @include "emit"
 --- @include "refreshStatus"
 --- @include "finalize"
+--- @include "finishRecord"
 
 local ek = execKeys(KEYS)
 if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
@@ -55,8 +56,7 @@ for i = 2, #ARGV, 3 do
     redis.call('HSET', ek.status, step, 'cancelled')
     redis.call('HDEL', ek.token, step)
     redis.call('ZREM', ek.running, step)
-    redis.call('HSET', ek.owner, step, worker)
-    redis.call('HSET', ek.times, 'f:' .. step, now)
+    redis.call('HSET', ek.owner, step, finishRecord(now, worker))
     emit(ek, 'type', 'step_stopped', 'step', step, 'worker', worker, 'token', token,
       'attempt', redis.call('HGET', ek.attempt, step) or '1', 'reason', reason)
   end

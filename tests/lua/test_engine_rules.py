@@ -490,12 +490,13 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
             entry["output"] = json.loads(out[step])
         if step in err:
             entry["error"] = err[step]
-        if step in owner:
-            entry["worker"] = owner[step]
+        if step in owner:  # the finish record: "<finished ms>|<worker>"
+            finished, _, worker = owner[step].partition("|")
+            entry["worker"] = worker
         if f"c:{step}" in times:
             entry["claimed_at_ms"] = int(times[f"c:{step}"])
-        if f"f:{step}" in times:
-            entry["finished_at_ms"] = int(times[f"f:{step}"])
+        if step in owner:
+            entry["finished_at_ms"] = int(finished)
         expected[step] = entry
     assert snap["steps"] == expected
     assert list(snap["steps"]) == list(status), "in the status hash's order"
@@ -508,6 +509,48 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
     }
     assert expected["flaky"]["attempts"] == 2 and expected["flaky"]["error"] == 'boom "quoted"\n'
     assert snap["counts"] == {"total": 5, "completed": 2, "failed": 1, "skipped": 2, "cancelled": 0}
+
+
+async def test_snapshot_names_the_owner_of_a_claim_that_never_finished(
+    store: ExecutionStore,
+) -> None:
+    """A claim writes no finish record (its token names its owner): a step whose claim
+    expired and was recovered (the token is dropped then), then cancelled before anyone
+    ran it again, still names that claim's owner in the snapshot, with its claim time
+    and no finish time; a step that ran names the worker that completed it, and when."""
+    eid = await store.create(plan_of({"a": [], "b": []}))
+    lost = {c.step_id: c for c in (await store.claim(eid, "pool-lost", 2, 1)).claims}
+    assert set(lost) == {"a", "b"}
+    await _expire_and_recover(store, eid, expected=2)
+    (a,) = (await store.claim(eid, "pool-2", 1, 30_000)).claims
+    assert a.step_id == "a", "claims follow topological order"
+    assert (await store.complete(eid, "pool-2", [("a", a.token, "pool-2/w0", "1")])).codes == [1]
+    assert await store.cancel(eid, "user") == "Cancelled"
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    ran, never = snap["steps"]["a"], snap["steps"]["b"]
+    assert never["status"] == "cancelled" and never["worker"] == "pool-lost"
+    assert never["claimed_at_ms"] > 0 and "finished_at_ms" not in never
+    assert ran["worker"] == "pool-2/w0" and ran["finished_at_ms"] >= ran["claimed_at_ms"] > 0
+
+
+async def test_snapshot_reads_worker_and_finish_time_written_before_finish_records(
+    store: ExecutionStore, engine_redis: RedisClient
+) -> None:
+    """An execution that ran partly under scripts that wrote the worker alone to
+    ``owner`` and the finish time to ``times`` (``f:<step>``) finalizes with both read."""
+    eid = await store.create(plan_of({"a": [], "b": ["a"]}))
+    (a,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    (b,) = (await store.complete(eid, "w", [("a", a.token, "w/0", "1")], claim_next=1)).claims
+    k = store.keys_of(eid)
+    await engine_redis.hset(k.key("owner"), "a", "old-worker")
+    await engine_redis.hset(k.key("times"), "f:a", "1234")
+    assert (await store.complete(eid, "w", [("b", b.token, "w/1", "2")])).status == "Succeeded"
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["steps"]["a"]["worker"] == "old-worker"
+    assert snap["steps"]["a"]["finished_at_ms"] == 1234
+    assert snap["steps"]["b"]["worker"] == "w/1"
 
 
 async def test_the_first_claim_stamps_started_at_and_later_claims_keep_it(

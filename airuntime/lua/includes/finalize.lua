@@ -28,9 +28,13 @@ end
 -- written once per execution but costs O(steps) in this call (a 20,000-step fan-out's
 -- was ~10 µs of Redis CPU a step), so it is built as one flat list of pieces joined
 -- once: no table, concatenation or JSON encoding per step, a step's timings read from
--- the times hash as it comes (`c:<step>` / `f:<step>` split once) instead of two key
--- concatenations and lookups per step, and statuses and worker ids (few distinct
--- values) encoded once.
+-- the times hash as it comes (`c:<step>` split once) instead of a key concatenation
+-- and lookup per step, and statuses and worker ids (few distinct values) encoded once.
+-- A step's `worker` and `finished_at_ms` are those of its finish record
+-- (includes/finishRecord: the last attempt that ended, or the owner alone of a claim
+-- that expired); `f:<step>` times (written before finish records) are still read.
+-- Every claim has ended when an execution finalizes (no step is Running then), so
+-- no worker is looked for in a token.
 local function buildSnapshot(ek, final, now)
   local m = hashToTable(ek.meta)
   local statuses = redis.call('HGETALL', ek.status)
@@ -38,6 +42,7 @@ local function buildSnapshot(ek, final, now)
   local outs = hashToTable(ek.out)
   local errs = hashToTable(ek.err)
   local owners = hashToTable(ek.owner)
+  local match = string.match
   local claimedAt, finishedAt = {}, {}
   local times = redis.call('HGETALL', ek.times)
   local sub, byte = string.sub, string.byte
@@ -90,12 +95,16 @@ local function buildSnapshot(ek, final, now)
     if v then out[n + 1] = ',"output":'; out[n + 2] = v; n = n + 2 end
     v = errs[step]
     if v then out[n + 1] = ',"error":'; out[n + 2] = jsonString(v); n = n + 2 end
+    local worker, finished = nil, finishedAt[step]
     v = owners[step]
-    if v then out[n + 1] = ',"worker":'; out[n + 2] = cached(v); n = n + 2 end
+    if v then
+      local ms, w = match(v, '^(%d+)|(.*)$')
+      if ms then worker, finished = w, ms else worker = v end
+    end
+    if worker then out[n + 1] = ',"worker":'; out[n + 2] = cached(worker); n = n + 2 end
     v = claimedAt[step]
     if v then out[n + 1] = ',"claimed_at_ms":'; out[n + 2] = v; n = n + 2 end
-    v = finishedAt[step]
-    if v then out[n + 1] = ',"finished_at_ms":'; out[n + 2] = v; n = n + 2 end
+    if finished then out[n + 1] = ',"finished_at_ms":'; out[n + 2] = finished; n = n + 2 end
     n = n + 1
     out[n] = '}'
   end

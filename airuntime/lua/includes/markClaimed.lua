@@ -1,5 +1,6 @@
 --- @include "emit"
--- Make a Ready step Running for `owner` under claim `token`, its lease expiring at
+-- Make a Ready step Running for `owner` under claim `token` (`<owner>#<seq>`: the
+-- token names the owner, no owner field is written), its lease expiring at
 -- `expiry`, and record the claim in the ledger (with the concurrency lease holder for
 -- a throttled claim). Returns the attempt. The caller takes the step out of its ready
 -- set and counts it in meta.running.
@@ -7,7 +8,6 @@ local function markClaimed(ek, step, owner, token, now, expiry, leaseHolder)
   local attempt = redis.call('HGET', ek.attempt, step) or '1'
   redis.call('HSET', ek.status, step, 'running')
   redis.call('HSET', ek.token, step, token)
-  redis.call('HSET', ek.owner, step, owner)
   redis.call('HSET', ek.times, 'c:' .. step, now)
   redis.call('ZADD', ek.running, expiry, step)
   if leaseHolder then

@@ -17,6 +17,11 @@ local function moveDue(ek, now, limit)
     redis.call('ZREM', ek.running, step)
     local token = redis.call('HGET', ek.token, step)
     redis.call('HDEL', ek.token, step)
+    -- The claim ended unfinished: its owner (the token's prefix) becomes the step's
+    -- finish record without a time (includes/finishRecord), so a step cancelled or
+    -- skipped before it runs again still names who had it.
+    local owner = token and string.match(token, '^(.*)#%d+$')
+    if owner then redis.call('HSET', ek.owner, step, owner) end
     enqueueReady(ek, step)
     recovered = recovered + 1
     emit(ek, 'type', 'step_recovered', 'step', step, 'token', token or '',
