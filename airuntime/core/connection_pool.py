@@ -12,13 +12,13 @@ a borrowed connection is connected and has no unread data (reconnecting once if 
 has), the drop of a connection marked for reconnection -- and skips the rest. A pool
 whose connections do take a credential provider keeps redis-py's own path.
 
-The unread-data check is made always. redis-py 8's pool skips it while "maintenance
-notifications" are enabled, which they are by default (``"auto"``): a connection given
-back with a reply still unread (a command cancelled between its write and its read)
-is then lent as it is, and its next command reads the previous command's reply
-(tests/core/test_connection_pool.py shows both). Valkey and Redis OSS send no
-unsolicited data on a command connection, so data found there is always a leftover,
-and the connection is made again.
+The unread-data check is made always, whatever redis-py's own pool does: redis-py
+8.0 and 8.1 skipped it while "maintenance notifications" were enabled, which they are
+by default (``"auto"``), so a connection given back with a reply still unread (a
+command cancelled between its write and its read) was lent as it was and its next
+command read the previous command's reply (8.2 checks again). Valkey and Redis OSS
+send no unsolicited data on a command connection, so data found there is always a
+leftover, and the connection is made again (tests/core/test_connection_pool.py).
 
 Its connections also carry no HIMPORT fieldset registry: redis-py 8 otherwise parses
 every command of every pipeline (``pipeline_prepares``) looking for ``HIMPORT SET``,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.credentials import UsernamePasswordCredentialProvider
 from redis.exceptions import MaxConnectionsError
 
@@ -78,23 +78,6 @@ async def _lend_with_unread_reply(client: Redis) -> None:
     while not await connection.can_read():  # until the reply is in the socket
         await asyncio.sleep(0)
     await pool.release(connection)
-
-
-async def test_redis_pys_own_pool_lends_a_connection_with_an_unread_reply(
-    redis_server: RedisServerInfo,
-) -> None:
-    """Why the lean pool checks always: redis-py 8's pool, with maintenance
-    notifications on by default, hands the connection out as it is, and the next
-    command reads the reply of the one before."""
-    client = Redis(connection_pool=ConnectionPool.from_url(redis_server.url, max_connections=1))
-    try:
-        await client.set("k", "v")
-        await client.delete("n")
-        await _lend_with_unread_reply(client)
-        assert await client.incr("n") == b"v", "the GET's reply, read by the INCR"
-    finally:
-        await client.aclose()
-        await client.connection_pool.disconnect()
 
 
 async def test_a_connection_returned_with_an_unread_reply_is_not_lent_dirty(
