@@ -15,8 +15,9 @@ sees them, into one of these; callers catch airuntime errors only::
     │   ├── ControlBlocked               code -5  execution paused/cancelling/... blocks it
     │   ├── ExecutionTerminal            code -6  execution already finalized
     │   ├── LeaseDenied                  code -7  concurrency scope is full
-    │   ├── DependenciesIncomplete       code -8
     │   └── ExecutionExists              code -9  same id, different plan
+    │       (-8, "dependencies incomplete", is retired: a step is only ever made Ready
+    │       once its dependencies completed, and claims check that status)
     └── ScriptError                      a script broke its contract (wrong key count, ...)
 
 Each :class:`EngineError` subclass carries the negative ``code`` its scripts return and
@@ -110,11 +111,6 @@ class ExecutionTerminal(EngineError):
 class LeaseDenied(EngineError):
     code = -7
     template = "Concurrency scope {detail!r} is full."
-
-
-class DependenciesIncomplete(EngineError):
-    code = -8
-    template = "Step {step!r} of execution {eid} has unfinished dependencies."
 
 
 class ExecutionExists(EngineError):

@@ -15,7 +15,9 @@
     {-1} execution not found      {-2} step not found
     {-5, status} claims blocked   {-6, status} execution terminal
     {-4, stepStatus} step not Ready (already claimed, waiting for retry, ...)
-    {-8} dependencies incomplete
+  (Ready implies every dependency completed: only such a step is ever made Ready, so
+  its dependency counter is not read again -- it is not kept once it reaches zero,
+  includes/releaseMany.)
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
@@ -35,7 +37,6 @@ if status ~= 'Running' then return {-5, status} end
 local st = redis.call('HGET', ek.status, step)
 if not st then return {-2} end
 if st ~= 'ready' then return {-4, st} end
-if tonumber(redis.call('HGET', ek.pending, step) or '0') > 0 then return {-8} end
 
 redis.call('ZREM', ek.readyThrottled, step)
 redis.call('ZREM', ek.ready, step)

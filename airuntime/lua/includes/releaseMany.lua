@@ -12,7 +12,9 @@ local function enqueueMany(ek, steps)
     if statuses[i] == 'pending' then cand[#cand + 1] = step end
   end
   if #cand == 0 then return 0 end
-  local kinds = hmgetMany(ek.kind, cand)
+  -- Most plans have no throttled or input step: then there is no kind hash to read.
+  local kinds = {}
+  if redis.call('EXISTS', ek.kind) == 1 then kinds = hmgetMany(ek.kind, cand) end
   local orders = hmgetMany(ek.order, cand)
   local st, plain, throttled = {}, {}, {}
   local inputs = 0
@@ -69,13 +71,20 @@ local function releaseMany(ek, steps)
       if redis.call('HINCRBY', ek.pending, child, -dec[child]) <= 0 then zero[#zero + 1] = child end
     end
   else
+    -- Only the counters of dependents still waiting are written back: one that reached
+    -- zero is never read again (nothing decrements it twice: each parent completes
+    -- once; claims go by status), so a fan-out's release writes no counter at all.
     local left = hmgetMany(ek.pending, kids)
-    local flat = {}
+    local flat, nf = {}, 0
     for i, child in ipairs(kids) do
       local v = tonumber(left[i] or '0') - dec[child]
-      flat[#flat + 1] = child
-      flat[#flat + 1] = v
-      if v <= 0 then zero[#zero + 1] = child end
+      if v <= 0 then
+        zero[#zero + 1] = child
+      else
+        flat[nf + 1] = child
+        flat[nf + 2] = v
+        nf = nf + 2
+      end
     end
     hsetMany(ek.pending, flat)
   end
