@@ -59,12 +59,14 @@ from airuntime.control_plane.scale_out.requests import ScaleOutBackoff
 from airuntime.control_plane.settings import ControlPlaneSettings, SubmitMode
 from airuntime.control_plane.shared_queue import SharedQueue
 from airuntime.control_plane.shared_runs import (
+    SETTINGS_CHANGED,
     SharedRun,
     SharedRunStatus,
     SharedRunStore,
     check_created,
 )
 from airuntime.control_plane.suspects import SuspectMarks, SuspectPolicy
+from airuntime.control_plane.tenant_settings_cache import TenantSettingsCache
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot, use_context
 from airuntime.core.errors import AirError
@@ -83,6 +85,11 @@ from airuntime.history.archiver import ExecutionArchiver
 from airuntime.history.store import HistoryStore
 
 DISCOVERY_INTERVAL_S = 3.0
+
+SUBMIT_ATTEMPTS = 5
+"""Submit attempts when the tenant's settings keep changing under it (each one reads
+them again): a change lands between a read and the next round trip, so a second
+attempt almost always goes through."""
 
 
 class ControlPlaneError(AirError):
@@ -158,6 +165,8 @@ class ControlPlane:
         self.runs = SharedRunStore(redis)
         self.queue = SharedQueue(redis, claim_lease_ms=s.claim_lease_ms)
         self.registry = Registry(redis)
+        self.tenant_settings = TenantSettingsCache(self.registry)
+        """What submits compile against (checked where the run is created)."""
         self.run_index = RunIndex(redis)
         self.executions = ExecutionStore(redis)
         self.suspects = SuspectMarks(
@@ -290,41 +299,64 @@ class ControlPlane:
         the SharedRunId this run replays).
 
         The pipeline is compiled against the submitting tenant's handler allowlist
-        first (:class:`PipelineRefused` names the step and the handler)."""
-        tenant = await self.registry.tenant(snapshot.tenant_id)
-        try:
-            plan = self.plans.compile(pipeline, allowed_handlers=tenant.allowed_handlers)
-        except PipelineError as exc:
-            raise _refusal(exc, pipeline) from None
-        now = int(time.time() * 1000)
-        run = SharedRun(
-            shared_run_id=SharedRunStore.new_id(),
-            status=SharedRunStatus.QUEUED_GLOBALLY,
-            pipeline_id=plan.pipeline_id,
-            pipeline=pipeline,
-            inputs=inputs or {},
-            snapshot=snapshot,
-            metadata=metadata or {},
-            created_at_ms=now,
-            updated_at_ms=now,
-            replay_of=replay_of,
-        )
-        # Record and indexes in one script (the control slot), then the queue item (the
-        # tenant's queue slot), then the tenant announced to the pumps: in this order,
-        # in one round trip where the server keeps the order (call_in_order). A cancel
-        # in between finds the record and no item, and the pump drops the item it
-        # claims later; a crash in between leaves the run QueuedGlobally without an
-        # item, which the reconciler requeues (also the repair when a script-cache loss
-        # makes the record land after its item).
+        first (:class:`PipelineRefused` names the step and the handler), as the settings
+        are when the run is created: the settings this control plane last read are
+        checked by the creating script, and read again when they changed
+        (:mod:`~airuntime.control_plane.tenant_settings_cache`)."""
         tenant_id = snapshot.tenant_id
-        replies = await self.queue.scripts.call_in_order(
-            self.redis,
-            [
-                SharedRunStore.create_call(run),
-                self.queue.enqueue_call(run.shared_run_id, tenant_id),
-            ],
-            then=[QueueTenants.announce_command(tenant_id)],
-        )
+        for _ in range(SUBMIT_ATTEMPTS):
+            known, kept = await self.tenant_settings.get(tenant_id)
+            try:
+                plan = self.plans.compile(
+                    pipeline, allowed_handlers=known.settings.allowed_handlers
+                )
+            except PipelineError as exc:
+                if not kept:
+                    raise _refusal(exc, pipeline) from None
+                # Refused by settings kept from before: refused only if fresh ones agree.
+                self.tenant_settings.forget(tenant_id)
+                continue
+            now = int(time.time() * 1000)
+            run = SharedRun(
+                shared_run_id=SharedRunStore.new_id(),
+                status=SharedRunStatus.QUEUED_GLOBALLY,
+                pipeline_id=plan.pipeline_id,
+                pipeline=pipeline,
+                inputs=inputs or {},
+                snapshot=snapshot,
+                metadata=metadata or {},
+                created_at_ms=now,
+                updated_at_ms=now,
+                replay_of=replay_of,
+            )
+            # Record and indexes in one script (the control slot), then the queue item
+            # (the tenant's queue slot), then the tenant announced to the pumps: in
+            # this order, in one round trip where the server keeps the order
+            # (call_in_order). A cancel in between finds the record and no item, and the
+            # pump drops the item it claims later; a crash in between leaves the run
+            # QueuedGlobally without an item, which the reconciler requeues (also the
+            # repair when a script-cache loss makes the record land after its item).
+            replies = await self.queue.scripts.call_in_order(
+                self.redis,
+                [
+                    SharedRunStore.create_call(run, known.text),
+                    self.queue.enqueue_call(run.shared_run_id, tenant_id),
+                ],
+                then=[QueueTenants.announce_command(tenant_id)],
+            )
+            if int(replies[0]) != SETTINGS_CHANGED:
+                break
+            # Compiled against settings changed since: no record was written. The item
+            # queued beside it is cancelled (a pump that claimed it meanwhile finds no
+            # record and drops it), and the submit starts again from fresh settings.
+            self.tenant_settings.forget(tenant_id)
+            await self.queue.cancel(run.shared_run_id, tenant_id)
+        else:
+            raise ControlPlaneError(
+                f"tenant {tenant_id!r}'s settings changed during each of "
+                f"{SUBMIT_ATTEMPTS} submit attempts; submit again",
+                status=409,
+            )
         check_created(run, replies[0])
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.

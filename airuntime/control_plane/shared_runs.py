@@ -18,7 +18,7 @@ zset, ``air:{air}:sruns:open`` zset (not terminal: the reconciler's work list) w
 the indexes change in the same transaction as the record. A submitted run is created
 QueuedGlobally in one script (:meth:`SharedRunStore.create_queued`); its queue item
 lives in its tenant's queue slot, so the submitter enqueues it right after (see
-``submitSharedRun-5.lua`` for what a cancel or a crash in between does).
+``submitSharedRun-6.lua`` for what a cancel or a crash in between does).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.scripts import ScriptCall, library
 from airuntime.core.slots import ensure_transaction_slot
+from airuntime.fleet.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +198,21 @@ def _index_terminal(pipe: Any, changed: list[tuple[SharedRun, SharedRun]]) -> No
         pipe.zadd(keys.shared_run_archive_outbox(), ended, nx=True)
 
 
+SETTINGS_CHANGED = -2
+"""``submitSharedRun``: the tenant's settings are no longer those the pipeline was
+compiled against; nothing was written."""
+
+
 def check_created(run: SharedRun, reply: Any) -> None:
     """Raise unless ``submitSharedRun`` created ``run`` (1), or this very call did
     before its reply was lost (0)."""
-    if int(reply) < 0:
+    code = int(reply)
+    if code == SETTINGS_CHANGED:
+        raise ValueError(
+            f"shared run {run.shared_run_id} not created: tenant "
+            f"{run.snapshot.tenant_id!r}'s settings changed since they were read"
+        )
+    if code < 0:
         raise ValueError(f"shared run {run.shared_run_id} exists already")
 
 
@@ -230,28 +242,41 @@ class SharedRunStore:
 
     async def create_queued(self, run: SharedRun) -> None:
         """Persist a new QueuedGlobally run and index it, in one script
-        (``submitSharedRun-5.lua``); the caller then enqueues its item
+        (``submitSharedRun-6.lua``), against its tenant's settings as they are now; the
+        caller then enqueues its item
         (:meth:`SharedQueue.enqueue <airuntime.control_plane.shared_queue.SharedQueue.enqueue>`)."""
-        call = self.create_call(run)
+        _, text = await Registry(self.redis).tenant_with_text(run.snapshot.tenant_id)
+        call = self.create_call(run, text)
         reply = await library().call(self.redis, call.name, call.keys, call.args)
         check_created(run, reply)
 
     @staticmethod
-    def create_call(run: SharedRun) -> ScriptCall:
+    def create_call(run: SharedRun, settings_text: bytes) -> ScriptCall:
         """The script call of :meth:`create_queued`, for a caller that sends it with
-        others; :func:`check_created` judges its reply."""
+        others; :func:`check_created` judges its reply. ``settings_text``: the tenant's
+        settings the run's pipeline was compiled against, as stored (``b""``: none
+        stored); the script creates nothing when they changed since
+        (:data:`SETTINGS_CHANGED`)."""
         if run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             raise ValueError(f"create_queued needs a QueuedGlobally run, got {run.status}")
+        tenant_id = run.snapshot.tenant_id
         return ScriptCall(
             "submitSharedRun",
             [
                 keys.shared_run(run.shared_run_id),
                 keys.shared_runs(),
-                keys.shared_runs_by_tenant(run.snapshot.tenant_id),
+                keys.shared_runs_by_tenant(tenant_id),
                 keys.shared_runs_open(),
                 keys.shared_runs_open_tenants(),
+                keys.tenant_settings(tenant_id),
             ],
-            [run.shared_run_id, run.model_dump_json(), run.created_at_ms, run.snapshot.tenant_id],
+            [
+                run.shared_run_id,
+                run.model_dump_json(),
+                run.created_at_ms,
+                tenant_id,
+                settings_text,
+            ],
         )
 
     async def get(self, shared_run_id: str) -> SharedRun | None:

@@ -160,12 +160,12 @@ key                                 type    content / written by
                                             finishRun-6 (MAXLEN ~ OUTCOMES_MAXLEN); the
                                             control plane reads each (consumer group).
 ``air:run-layout``                  string  run bucket count R, SET NX by the first accept.
-``air:{air}:srun:<SRID>``           string  SharedRun JSON. submitSharedRun-5; compare-and-
+``air:{air}:srun:<SRID>``           string  SharedRun JSON. submitSharedRun-6; compare-and-
                                             set transactions (WATCH) with the indexes below.
 ``air:{air}:sruns[:tenant:<t>]``    zset    shared runs by creation time (all / per tenant).
-                                            submitSharedRun-5; retention.
+                                            submitSharedRun-6; retention.
 ``air:{air}:sruns:open``            zset    non-terminal shared runs (reconciler).
-                                            submitSharedRun-5; a terminal transition removes.
+                                            submitSharedRun-6; a terminal transition removes.
 ``air:{air}:sruns:open:tenant``     hash    SharedRunId -> tenant of each open run (where
                                             its queue item is; metrics). Same writers.
 ``air:{air}:sruns:finished``        zset    terminal shared runs by finish time (retention).

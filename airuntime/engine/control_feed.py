@@ -96,4 +96,4 @@ class ControlFeed:
             if connection is not None:
                 connection.deregister_connect_callback(self._reconnected)
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()

@@ -239,6 +239,14 @@ class Registry:
         """Stored settings of ``tenant_id``, or the Shared defaults when none are stored."""
         return stored_settings(tenant_id, await self.redis.get(keys.tenant_settings(tenant_id)))
 
+    async def tenant_with_text(self, tenant_id: str) -> tuple[TenantSettings, bytes]:
+        """:meth:`tenant`, and the stored text those settings were read from, byte for
+        byte (``b""``: none stored), for a caller that later checks, in a script, that
+        they are still what it decided on (``submitSharedRun-6.lua``)."""
+        raw = await self.redis.get(keys.tenant_settings(tenant_id))
+        text = raw.encode() if isinstance(raw, str) else (raw or b"")
+        return stored_settings(tenant_id, raw), text
+
     async def tenants(self, tenant_ids: Iterable[str]) -> dict[str, TenantSettings]:
         """:meth:`tenant` of each of ``tenant_ids`` in one round trip (their keys share
         the control slot)."""

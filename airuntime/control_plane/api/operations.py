@@ -342,8 +342,11 @@ async def put_tenant_settings(
     """Store a tenant's settings (admission reads them at the next dispatch; runtimes
     owned by the tenant apply ``max_concurrent_step_tasks`` live). Front doors require
     the admin capability."""
-    await context.control_plane.registry.put_tenant(settings)
-    return await context.control_plane.registry.tenant(settings.tenant_id)
+    cp = context.control_plane
+    await cp.registry.put_tenant(settings)
+    # This control plane's next submit reads them (any other's finds them changed).
+    cp.tenant_settings.forget(settings.tenant_id)
+    return await cp.registry.tenant(settings.tenant_id)
 
 
 async def set_step_slots(

@@ -7,6 +7,12 @@
   Cancelled (the record is no longer QueuedGlobally); a submitter that dies in
   between leaves a QueuedGlobally record without an item, which the reconciler
   requeues once it has been quiet (stale_after_ms).
+  The submitter compiled the pipeline against its tenant's settings as it last read
+  them (a control plane keeps them between submits instead of reading them for each,
+  airuntime.control_plane.tenant_settings_cache); they are checked here, in the step
+  that creates the record: settings changed since then write nothing (-2), and the
+  submitter reads them again, compiles again and removes the item it queued beside
+  this call.
 
   Input:
     KEYS[1] the run's record (air:{air}:srun:<SharedRunId>)
@@ -14,10 +20,13 @@
     KEYS[3] the tenant's shared runs zset (air:{air}:sruns:tenant:<tenant>)
     KEYS[4] open shared runs zset (air:{air}:sruns:open)
     KEYS[5] tenant of each open shared run (air:{air}:sruns:open:tenant, hash)
+    KEYS[6] the tenant's settings (air:{air}:tenant:<tenant>:settings, string)
     ARGV[1] SharedRunId
     ARGV[2] the record (JSON, status QueuedGlobally)
     ARGV[3] created_at_ms (the record's; the index score)
     ARGV[4] tenant id
+    ARGV[5] the tenant's settings as the submitter compiled against them, byte for
+            byte ('' = none were stored: the Shared defaults)
 
   Output:
     1 submitted
@@ -26,12 +35,14 @@
       written. SharedRunIds are random, so an existing record with the same creation
       time and tenant index entry is this submission's own.
     -1 the SharedRunId exists already as another submission's (nothing written)
+    -2 the tenant's settings are not ARGV[5] any more (nothing written)
 ]]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local created = redis.call('ZSCORE', KEYS[3], ARGV[1])
   if created and tonumber(created) == tonumber(ARGV[3]) then return 0 end
   return -1
 end
+if (redis.call('GET', KEYS[6]) or '') ~= ARGV[5] then return -2 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
