@@ -237,7 +237,7 @@ class Registry:
 
     async def tenant(self, tenant_id: str) -> TenantSettings:
         """Stored settings of ``tenant_id``, or the Shared defaults when none are stored."""
-        return stored_settings(tenant_id, await self.redis.get(keys.tenant_settings(tenant_id)))
+        return (await self.tenant_with_text(tenant_id))[0]
 
     async def tenant_with_text(self, tenant_id: str) -> tuple[TenantSettings, bytes]:
         """:meth:`tenant`, and the stored text those settings were read from, byte for

@@ -18,8 +18,9 @@ from redis.asyncio import Redis
 from airuntime.control_plane.api import create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
-from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.service import ControlPlane, PipelineRefused
 from airuntime.core import keys
+from airuntime.core.context import ExecutionContextSnapshot
 from runtime_pod.config import InstanceConfig
 from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
@@ -216,6 +217,30 @@ async def test_drain_with_stop_on_failure_stops_at_the_first_failed_delivery(
     assert (went_on["dispatched"], went_on["failed"], went_on["stopped"]) == (1, 1, "empty")
     assert (await cp.queue.item(behind, "default"))["status"] == "Dispatched"
     assert (await cp.queue.item(failing, "tenant-a"))["status"] == "Pending"
+
+
+async def test_settings_stored_through_the_api_are_read_by_the_next_submit(
+    api: Any, redis: Redis
+) -> None:
+    """A settings write through this control plane's API makes it forget the settings it
+    kept for submits: the next submit reads them at once instead of finding them
+    changed in the creating script first (which would have queued, then cancelled, an
+    item beside it)."""
+    client, cp = api
+    echo = {"id": "echoing", "steps": [{"id": "say", "uses": "echo"}]}
+    await cp.submit(echo, ExecutionContextSnapshot(tenant_id="tenant-b"))
+    assert cp.tenant_settings.reads == 1
+    path = "/v1/tenants/tenant-b/settings"
+    settings = (await client.get(path, headers=auth("admin-x"))).json()
+    resp = await client.put(
+        path, json={**settings, "allowed_handlers": ["noop"]}, headers=auth("admin-x")
+    )
+    assert resp.status_code == 200, resp.text
+    with pytest.raises(PipelineRefused):
+        await cp.submit(echo, ExecutionContextSnapshot(tenant_id="tenant-b"))
+    assert cp.tenant_settings.reads == 2
+    items = await redis.keys(keys.squeue_item("tenant-b", "*"))
+    assert len(items) == 1, "no item queued for the refused submit: refused before any write"
 
 
 async def test_settings_change_whole_by_admin_and_step_slots_by_the_tenants_operators(

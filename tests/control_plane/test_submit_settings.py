@@ -79,31 +79,6 @@ async def test_a_settings_change_made_elsewhere_holds_from_the_next_submit(
     assert cp.tenant_settings.reads == 3
 
 
-async def test_settings_stored_through_this_control_plane_are_read_at_once(
-    redis: Redis,
-) -> None:
-    """A change made through the API of this very control plane needs no refused
-    round trip: it forgets what it kept."""
-    from airuntime.control_plane.api import operations
-
-    cp = manual_cp(redis)
-    await cp.submit(ECHO, snap("tenant-b"))  # the Shared defaults allow echo
-    assert cp.tenant_settings.reads == 1
-
-    class Context:
-        control_plane = cp
-
-    stored = await operations.put_tenant_settings(
-        Context(),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        TenantSettings(tenant_id="tenant-b", allowed_handlers=("noop",)),
-    )
-    assert stored.allowed_handlers == ("noop",)
-    with pytest.raises(PipelineRefused):
-        await cp.submit(ECHO, snap("tenant-b"))
-    assert cp.tenant_settings.reads == 2, "read at once, not after a refusal"
-
-
 async def test_the_creating_script_writes_nothing_against_changed_settings(
     redis: Redis,
 ) -> None:
