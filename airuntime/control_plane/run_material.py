@@ -222,14 +222,25 @@ class MaterialLoader:
             return _from_snapshot(
                 execution_id, snap, plan, Source.HOT, inputs=inputs, context=context
             )
-        # Running: the step records are built from the live hashes (read together; a
-        # finalization in between leaves them in the snapshot's state).
+        # Running: the step records are built from the live hashes, read together with
+        # the snapshot (finalization writes it and deletes the hashes in one step).
         names = ("status", "attempt", "out", "err", "owner", "times")
         pipe = self.redis.pipeline(transaction=True)
         for name in names:
             pipe.hgetall(ek.key(name))
+        pipe.get(ek.snapshot)
         ensure_transaction_slot("live step hashes", pipe)
-        hashes = await pipe.execute()
+        *hashes, snap_raw = await pipe.execute()
+        if snap_raw is not None:
+            # Finalized in between: the working hashes are gone, the snapshot holds them.
+            return _from_snapshot(
+                execution_id,
+                json.loads(snap_raw),
+                plan,
+                Source.HOT,
+                inputs=inputs,
+                context=context,
+            )
         h = {name: _hash(raw) for name, raw in zip(names, hashes, strict=True)}
         return ExecutionMaterial(
             execution_id=execution_id,

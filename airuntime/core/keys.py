@@ -23,9 +23,12 @@ execution is created; a process that finds another ``B`` refuses to start
 per scope ``{l:<scope>}``; the control plane's keys: see their rows).
 
 Per execution (hash tag ``{e:<eid>}``, on a cluster ``{x:<b>:<n>}`` with ``:e:<eid>``
-after it; no TTL before finalization. Archiving off: all get the retention TTL when the
-execution is finalized. Archiving on (``archive_hold_s`` in meta): finalization gives
-them the fallback TTL ``archive_hold_s``, the archiver the retention TTL once archived):
+after it; no TTL before finalization. Finalization writes the snapshot (every step's
+record) and deletes the per-step working keys: a finished execution keeps four keys,
+``meta``, ``plan``, ``events`` and ``snapshot`` (:data:`EXECUTION_RECORD_SUFFIXES`).
+Archiving off: those get the retention TTL when the execution is finalized. Archiving
+on (``archive_hold_s`` in meta): finalization gives them the fallback TTL
+``archive_hold_s``, the archiver the retention TTL once archived):
 
 =====================================  ======  =====================================================
 key                                    type    content / written by
@@ -248,6 +251,10 @@ EXECUTION_KEY_SUFFIXES: tuple[str, ...] = (
     "events",
     "snapshot",
 )
+
+EXECUTION_RECORD_SUFFIXES: tuple[str, ...] = ("meta", "plan", "events", "snapshot")
+"""The keys a finalized execution keeps (the ``finalize`` include deletes the others):
+what readers of a finished execution, the archiver and retention deal with."""
 
 CLUSTER_EXECUTION_BUCKETS = 128
 """Execution buckets on a Redis Cluster (1 on a standalone server). Fixed: a

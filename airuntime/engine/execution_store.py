@@ -21,6 +21,7 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.script_batching import ScriptBatcher
 from airuntime.core.scripts import ScriptCall, ScriptLibrary, library
+from airuntime.core.slots import ensure_transaction_slot
 from airuntime.engine.ledger_batches import per_step
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
@@ -506,7 +507,18 @@ class ExecutionStore:
         return [_s(m) for m in raw]
 
     async def step_states(self, execution_id: str) -> dict[str, StepStatus]:
-        raw = await self.redis.hgetall(self.keys_of(execution_id).status)
+        """Each step's status: from the live status hash, or from the snapshot once the
+        execution is finalized (finalization deletes the working hashes). Both are read
+        in one transaction, so a finalization in between cannot leave neither."""
+        ek = self.keys_of(execution_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(ek.status)
+        pipe.get(ek.snapshot)
+        ensure_transaction_slot("step states", pipe)
+        raw, snapshot = await pipe.execute()
+        if snapshot is not None:
+            steps = json.loads(snapshot).get("steps", {})
+            return {step: StepStatus(rec["status"]) for step, rec in steps.items()}
         return {_s(k): StepStatus(_s(v)) for k, v in raw.items()}
 
     async def load_plan(self, execution_id: str) -> Plan:

@@ -463,6 +463,8 @@ class Participation:
         for code in result.codes:
             if code in (OK, DUPLICATE):
                 self.stats.completed += 1
+            elif code == ExecutionTerminal.code:
+                self.stats.late_reports += 1
             else:
                 self.stats.stale_rejections += 1
         self._start(result.claims, sent)

@@ -69,6 +69,9 @@ class PoolStats:
     failed_attempts: int = 0
     retries_scheduled: int = 0
     stale_rejections: int = 0
+    late_reports: int = 0
+    """Completions or failures answered "already finalized": nothing was recorded (a
+    recovered claim's worker, or the retry of the call that finalized)."""
     lost_claims: int = 0
     crashed_steps: int = 0
     stopped_steps: int = 0

@@ -24,7 +24,13 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airuntime.core.errors import EngineError, InvalidTransition, NonRetryableError, StaleClaim
+from airuntime.core.errors import (
+    EngineError,
+    ExecutionTerminal,
+    InvalidTransition,
+    NonRetryableError,
+    StaleClaim,
+)
 from airuntime.core.transient import TRANSIENT_ERRORS
 from airuntime.engine.handlers import StepContext, invoke
 from airuntime.engine.pipeline import PlanStep
@@ -245,6 +251,9 @@ class StepRun:
             outcome = await part.retry(fail, f"failure report of {claim.step_id}", self.lease_until)
         except StaleClaim:
             part.stats.stale_rejections += 1
+            return
+        except ExecutionTerminal:
+            part.stats.late_reports += 1  # finalized meanwhile: the snapshot is the record
             return
         except REPORT_ERRORS as err:
             # InvalidTransition after a retry: the first call went through.

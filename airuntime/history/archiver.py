@@ -402,7 +402,10 @@ class ExecutionArchiver:
         for eid, entries in archived:
             ek = keys.execution_keys(eid, self.buckets)
             by_outbox.setdefault(ek.bucket.outbox, []).extend((eid, ek.tag, entries))
-        suffixes: list[str | int] = [len(keys.EXECUTION_KEY_SUFFIXES), *keys.EXECUTION_KEY_SUFFIXES]
+        suffixes: list[str | int] = [
+            len(keys.EXECUTION_RECORD_SUFFIXES),
+            *keys.EXECUTION_RECORD_SUFFIXES,
+        ]
         calls: list[tuple[list[str], list[str | int]]] = [
             ([outbox], [*suffixes, *args]) for outbox, args in by_outbox.items()
         ]

@@ -28,7 +28,8 @@
       status: execution status (terminal status if this call finalized)
       code_i: 1 accepted, 2 already accepted under this token (a retried call whose
               first reply was lost; nothing changes), -2 step not found, -3 stale
-              claim token, -4 step not Running
+              claim token, -4 step not Running, -6 the execution is already
+              finalized (every item; nothing changes, no ledger entry)
 ]]
 --- @include "execKeys"
 --- @include "nowMs"
@@ -44,13 +45,23 @@
 local ek = execKeys(KEYS)
 -- The counters this call moves, read once and written back in one HSET (three
 -- HINCRBYs before); an execution's meta always holds them, so none means no execution.
-local counts = redis.call('HMGET', ek.meta, 'completed', 'done', 'running')
+local counts = redis.call('HMGET', ek.meta, 'completed', 'done', 'running', 'terminal')
 if not counts[2] then return {-1} end
+local steps = {}
+for i = 4, #ARGV, 4 do steps[i / 4] = ARGV[i] end
+-- Finalized: the step records are in the snapshot and the working hashes are gone;
+-- a late completion (a claim recovered from a stalled worker, or the retry of the
+-- call that finalized, whose reply was lost) changes nothing and is answered -6.
+if counts[4] and counts[4] ~= '' then
+  local late = {counts[4], 0, #steps}
+  for k = 1, #steps do late[3 + k] = -6 end
+  late[#late + 1] = 0
+  late[#late + 1] = 0
+  return late
+end
 local owner = ARGV[1]
 local now = nowMs()
 local result = {'', 0, 0}
-local steps = {}
-for i = 4, #ARGV, 4 do steps[i / 4] = ARGV[i] end
 local statuses = hmgetMany(ek.status, steps)
 local tokens = hmgetMany(ek.token, steps)
 local attempts = hmgetMany(ek.attempt, steps)

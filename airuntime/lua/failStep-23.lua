@@ -19,6 +19,7 @@
   Output:
     {-1} execution not found   {-2} step not found
     {-3} stale claim token     {-4} step not Running
+    {-6, terminalStatus} the execution is already finalized (nothing changes)
     {status, 'retry', nextAttempt, nextRetryAtMs}
     {status, 'failed', attempt, 0}
 ]]
@@ -31,7 +32,10 @@
 --- @include "finishRecord"
 
 local ek = execKeys(KEYS)
-if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
+local m = redis.call('HMGET', ek.meta, 'done', 'terminal')
+if not m[1] then return {-1} end
+-- Finalized: the working hashes are gone (the snapshot holds the steps); nothing changes.
+if m[2] and m[2] ~= '' then return {-6, m[2]} end
 local worker, step, token = ARGV[1], ARGV[2], ARGV[3]
 local st = redis.call('HGET', ek.status, step)
 if not st then return {-2} end

@@ -232,8 +232,8 @@ async def test_runtimes_the_local_scaler_starts_offload_large_outputs_to_the_his
     finally:
         await scaler.close()
     assert body["status"] == "Succeeded", body
-    out = keys.execution_keys(body["execution_id"]).out
-    held = {k.decode(): json.loads(v) for k, v in (await valkey.hgetall(out)).items()}
+    raw = await valkey.get(keys.execution_keys(body["execution_id"]).snapshot)
+    held = {step: rec["output"] for step, rec in json.loads(raw)["steps"].items()}
     refs = {step: PayloadRef.from_json(value) for step, value in held.items()}
     assert refs["big"] is not None and refs["size"] is not None, held
     async with await open_history_store(dsn) as history:

@@ -89,6 +89,47 @@ async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_comp
     assert frozen.stats.stale_rejections == 1 and frozen.stats.completed == 0
 
 
+async def test_a_frozen_workers_completion_after_the_end_is_late_and_writes_nothing(
+    redis: Redis,
+) -> None:
+    """The successor completes the recovered step and the execution finalizes (its
+    working hashes deleted); the frozen worker then wakes and reports: the answer is
+    "already finalized", counted as a late report (not a completion, not a stale token),
+    and the ledger and snapshot stay as the successor left them."""
+    entered = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
+    release = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
+
+    async def effect(ctx: StepContext) -> str:
+        pool = ctx.fencing_token.rsplit("#", 1)[0]
+        entered[pool].set()
+        await release[pool].wait()
+        return pool
+
+    reg = HandlerRegistry(autoload=True)
+    reg.register("effect", effect)
+    store = ExecutionStore(redis)
+    eid = await store.create(plan_of({"a": []}, uses="effect", registry=reg))
+    frozen = WorkerPool(
+        FrozenRenewals(redis), reg, PoolSettings(workers=1, lease_ms=300), pool_id="frozen"
+    )
+    successor = WorkerPool(store, reg, PoolSettings(workers=1), pool_id="successor")
+    frozen_run = asyncio.create_task(frozen.run(eid))
+    await entered["frozen"].wait()
+    successor_run = asyncio.create_task(successor.run(eid))
+    await entered["successor"].wait()
+    release["successor"].set()
+    assert await successor_run == "Succeeded"
+    ledger = [e.type for e in await store.events(eid)]
+    snapshot = await store.snapshot(eid)
+    release["frozen"].set()
+    assert await frozen_run == "Succeeded"
+    assert frozen.stats.late_reports == 1, frozen.stats
+    assert frozen.stats.completed == 0 and frozen.stats.stale_rejections == 0
+    assert [e.type for e in await store.events(eid)] == ledger
+    assert await store.snapshot(eid) == snapshot
+    assert snapshot is not None and snapshot["steps"]["a"]["output"] == "successor"
+
+
 async def test_a_retry_is_a_new_attempt_with_a_new_key_and_a_higher_sequence(
     redis: Redis,
 ) -> None:

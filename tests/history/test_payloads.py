@@ -7,7 +7,6 @@ import json
 
 from redis.asyncio import Redis
 
-from airuntime.core import keys
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
@@ -48,15 +47,14 @@ async def test_a_large_output_is_offloaded_and_resolved_for_its_dependent(
     assert await pool.run(eid) == "Succeeded"
 
     assert seen == [BIG], "the dependent's handler received the value, not the reference"
-    held = json.loads(await redis.hget(keys.execution_keys(eid).out, "big"))
+    snapshot = await engine.snapshot(eid)
+    assert snapshot is not None
+    held = snapshot["steps"]["big"]["output"]
     ref = PayloadRef.from_json(held)
-    assert ref is not None, f"Redis keeps a reference: {held!r}"
+    assert ref is not None, f"Redis keeps a reference (the terminal snapshot): {held!r}"
     assert ref.size == len(json.dumps(BIG, separators=(",", ":"))) > THRESHOLD
-    assert json.loads(await redis.hget(keys.execution_keys(eid).out, "small")) == [1, 2]
+    assert snapshot["steps"]["small"]["output"] == [1, 2]
     payload = await store.get_payload(ref.payload_id, "default")
     assert payload is not None and json.loads(payload.data) == BIG
     assert await store.get_payload(ref.payload_id, "tenant-b") is None, "tenant boundary"
-    snapshot = await engine.snapshot(eid)
-    assert snapshot is not None
-    assert snapshot["steps"]["big"]["output"] == held, "the terminal snapshot keeps the ref"
     assert offload.offloaded == 1

@@ -71,7 +71,10 @@ async def test_retention_applies_to_every_execution_key_and_never_to_an_index(
     await store.create(plan_of({"a": []}))  # keeps both indexes non-empty
     assert await store.cancel(eid) == "Cancelled"
     present = [k for k in store.keys_of(eid).all() if await store.redis.exists(k)]
-    assert present, "the finalized execution still has its keys"
+    ek = store.keys_of(eid)
+    assert present == [ek.key(s) for s in keys.EXECUTION_RECORD_SUFFIXES], (
+        "a finalized execution keeps its meta, plan, ledger and snapshot, nothing else"
+    )
     for key in present:
         assert 0 < await store.redis.ttl(key) <= 60, key
     bucket = store.keys_of(eid).bucket

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 from redis.asyncio import RedisCluster
 
+from airuntime.core import keys
 from airuntime.core.errors import (
     ExecutionExists,
     ExecutionNotFound,
@@ -22,6 +23,7 @@ from airuntime.core.errors import (
 )
 from airuntime.core.redis_client import RedisClient, server_ms
 from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.status import ExecutionStatus
 from tests.control_plane.support import wait_for
 from tests.dags import chain, fan, plan_of
 
@@ -131,6 +133,37 @@ async def test_stale_workers_late_completion_is_rejected(store: ExecutionStore) 
     assert snap is not None and snap["steps"]["a"]["output"] == "fresh"
     rejected = [e for e in await store.events(eid) if e.type == "completion_rejected"]
     assert [e.get("token") for e in rejected] == [stale.token]
+
+
+async def test_a_finalized_execution_is_its_snapshot_and_refuses_late_reports(
+    store: ExecutionStore, engine_redis: RedisClient
+) -> None:
+    """Finalization deletes the per-step working hashes (the snapshot holds every step):
+    the retry of the call that finalized (its reply lost) and a report for a step that
+    was skipped are answered "already finalized" (-6) and change nothing -- no ledger
+    entry, the snapshot as it was; the step states are still read, from the snapshot."""
+    eid = await store.create(plan_of({"a": [], "b": []}), retention_s=300)
+    a, b = (await store.claim(eid, "w", 2, 30_000)).claims
+    assert (await store.complete(eid, "w", [("a", a.token, "w", '"A"')])).codes == [1]
+    live = await store.step_states(eid)
+    assert live == {"a": "completed", "b": "running"}
+    done = await store.complete(eid, "w", [("b", b.token, "w", '"B"')])
+    assert done.codes == [1] and done.status is ExecutionStatus.SUCCEEDED
+    ek = store.keys_of(eid)
+    left = [k for k in ek.all() if await engine_redis.exists(k)]
+    assert left == [ek.key(s) for s in keys.EXECUTION_RECORD_SUFFIXES]
+    snapshot_before = await engine_redis.get(ek.snapshot)
+    ledger_before = len(await store.events(eid))
+
+    again = await store.complete(eid, "w", [("b", b.token, "w", '"B2"'), ("a", a.token, "w", "0")])
+    assert again.codes == [-6, -6] and again.status is ExecutionStatus.SUCCEEDED
+    assert again.readied == 0 and again.claims == []
+    with pytest.raises(ExecutionTerminal):
+        await store.fail(eid, "w", "b", b.token, "late failure")
+    assert await engine_redis.get(ek.snapshot) == snapshot_before
+    assert len(await store.events(eid)) == ledger_before, "a late report writes no entry"
+    assert [k for k in ek.all() if await engine_redis.exists(k)] == left, "nothing recreated"
+    assert await store.step_states(eid) == {"a": "completed", "b": "completed"}
 
 
 async def test_recovered_step_keeps_its_attempt_count(store: ExecutionStore) -> None:
@@ -451,14 +484,19 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
     from the hashes themselves: a completed step with its output, a step that failed
     after a retry (its attempts and error), the steps skipped under `continue` because
     their dependency failed (no worker, no timings) and an independent branch that
-    completed -- every field of every step, and the counts."""
+    completed -- every field of every step, and the counts. Finalization deletes the
+    hashes, so they are read just before the last call (the completion of `last`, held
+    back until then), and `last` is checked against that completion."""
     plan = plan_of(
-        {"ok": [], "flaky": [], "after": ["flaky"], "later": ["after"], "side": ["ok"]},
+        {"ok": [], "flaky": [], "after": ["flaky"], "later": ["after"], "side": ["ok"], "last": []},
         failure_policy="continue",
         steps={"flaky": {"retry": {"max_attempts": 2}}},
     )
     eid = await store.create(plan)
     pending = (await store.claim(eid, "w", 10, 30_000)).claims
+    held = [c for c in pending if c.step_id == "last"]
+    pending = [c for c in pending if c.step_id != "last"]
+    assert len(held) == 1
     attempts_left = {"flaky": 2}
     while pending:
         c = pending.pop(0)
@@ -472,8 +510,7 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
             assert done.codes == [1]
         if not pending and attempts_left["flaky"] >= 0:
             pending = (await store.claim(eid, "w", 10, 30_000)).claims
-    snap = await store.snapshot(eid)
-    assert snap is not None and snap["status"] == "Failed"
+    assert await store.snapshot(eid) is None, "`last` still runs"
 
     keys = store.keys_of(eid)
 
@@ -483,6 +520,14 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
 
     hashes = ("status", "attempt", "out", "err", "owner", "times")
     status, attempt, out, err, owner, times = [await table(keys.key(h)) for h in hashes]
+    last = held[0]
+    done = await store.complete(eid, "w", [(last.step_id, last.token, "w-9", '{"end":1}')])
+    assert done.codes == [1] and done.status is ExecutionStatus.FAILED
+    snap = await store.snapshot(eid)
+    assert snap is not None and snap["status"] == "Failed"
+    for h in hashes:
+        assert await engine_redis.exists(keys.key(h)) == 0, f"{h} kept after finalization"
+
     expected: dict[str, dict[str, object]] = {}
     for step, st in status.items():
         entry: dict[str, object] = {"status": st, "attempts": int(attempt.get(step, "1"))}
@@ -498,6 +543,17 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
         if step in owner:
             entry["finished_at_ms"] = int(finished)
         expected[step] = entry
+    # `last` was running when the hashes were read; its completion is the one made above.
+    assert expected["last"] == {
+        "status": "running",
+        "attempts": 1,
+        "claimed_at_ms": expected["last"]["claimed_at_ms"],
+    }
+    finished_last = snap["steps"]["last"]["finished_at_ms"]
+    assert finished_last >= int(str(expected["last"]["claimed_at_ms"]))
+    expected["last"].update(
+        status="completed", output={"end": 1}, worker="w-9", finished_at_ms=finished_last
+    )
     assert snap["steps"] == expected
     assert list(snap["steps"]) == list(status), "in the status hash's order"
     assert {s: e["status"] for s, e in expected.items()} == {
@@ -506,9 +562,10 @@ async def test_terminal_snapshot_is_what_the_execution_hashes_say_for_every_kind
         "flaky": "failed",
         "after": "skipped",
         "later": "skipped",
+        "last": "completed",
     }
     assert expected["flaky"]["attempts"] == 2 and expected["flaky"]["error"] == 'boom "quoted"\n'
-    assert snap["counts"] == {"total": 5, "completed": 2, "failed": 1, "skipped": 2, "cancelled": 0}
+    assert snap["counts"] == {"total": 6, "completed": 3, "failed": 1, "skipped": 2, "cancelled": 0}
 
 
 async def test_snapshot_names_the_owner_of_a_claim_that_never_finished(

@@ -1,9 +1,11 @@
 --- @include "emit"
 -- Idempotent finalization. Decides whether the execution is terminal and, the
 -- first time it is, settles every unfinished step, writes the terminal snapshot,
+-- deletes the per-step working keys (the snapshot is the record from then on: a
+-- finished execution is its meta, plan, ledger and snapshot, four keys),
 -- appends `execution_finalized`, removes the execution from the active index
 -- (`ek.activeIndex`, KEYS[22] of every script that includes this one) and then either
--- applies the retention TTL to the execution's own keys (archiving off: no
+-- applies the retention TTL to the four keys left (archiving off: no
 -- `archive_hold_s` in meta) or queues the execution on the archive outbox
 -- (`ek.archiveOutbox`, KEYS[23]; zset, score = when it is due) and applies the
 -- fallback TTL `archive_hold_s` instead: the archiver sets the retention TTL once the
@@ -168,12 +170,13 @@ local function finalizeIfDone(ek, now)
       redis.call('ZREMRANGEBYSCORE', ek.archiveOutbox, '-inf', string.format('(%d', now - ttl * 1000))
     end
   end
+  -- The snapshot now holds every step's record: the working hashes are dropped (UNLINK:
+  -- a large one is freed off the main thread), so a finished execution keeps four keys.
+  redis.call('UNLINK', ek.status, ek.pending, ek.children, ek.order, ek.kind, ek.attempt,
+    ek.token, ek.owner, ek.out, ek.err, ek.times, ek.refs, ek.maxAttempts)
   if ttl and ttl > 0 then
-    -- The four sets deleted above are gone: no TTL to set on them (a redis.call each).
-    local gone = {[ek.ready] = true, [ek.readyThrottled] = true, [ek.delayed] = true,
-      [ek.running] = true}
-    for i = 1, #ek.all do
-      if not gone[ek.all[i]] then redis.call('EXPIRE', ek.all[i], ttl) end
+    for _, key in ipairs({ek.meta, ek.plan, ek.events, ek.snapshot}) do
+      redis.call('EXPIRE', key, ttl)
     end
   end
   return final
