@@ -36,10 +36,23 @@ class FrozenRenewals(ExecutionStore):
         raise AssertionError("unreachable")
 
 
-async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_completes(
-    redis: Redis,
-) -> None:
-    effects: list[Effect] = []
+@dataclass
+class FrozenAndSuccessor:
+    """One single-step execution and two pools on it, each holding the step inside its
+    handler until released: ``frozen`` cannot renew its lease (it runs first), the
+    ``successor`` recovers the step once that lease expired."""
+
+    store: ExecutionStore
+    eid: str
+    frozen: WorkerPool
+    successor: WorkerPool
+    frozen_run: asyncio.Task[str]
+    successor_run: asyncio.Task[str]
+    release: dict[str, asyncio.Event]
+
+
+async def frozen_and_successor(redis: Redis, effects: list[Effect]) -> FrozenAndSuccessor:
+    """Both pools started, each one's handler entered (the successor's after recovery)."""
     entered = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
     release = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
 
@@ -62,13 +75,22 @@ async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_comp
     await entered["frozen"].wait()
     successor_run = asyncio.create_task(successor.run(eid))  # recovers once the lease expires
     await entered["successor"].wait()
+    return FrozenAndSuccessor(store, eid, frozen, successor, frozen_run, successor_run, release)
+
+
+async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_completes(
+    redis: Redis,
+) -> None:
+    effects: list[Effect] = []
+    pair = await frozen_and_successor(redis, effects)
+    store, eid, frozen, release = pair.store, pair.eid, pair.frozen, pair.release
     release["frozen"].set()  # the frozen worker wakes up and finishes: too late
     for _ in range(500):
         if frozen.stats.stale_rejections:
             break
         await asyncio.sleep(0.01)
     release["successor"].set()
-    assert await successor_run == "Succeeded" and await frozen_run == "Succeeded"
+    assert await pair.successor_run == "Succeeded" and await pair.frozen_run == "Succeeded"
 
     first, second = effects
     assert (first.pool, second.pool) == ("frozen", "successor")
@@ -96,33 +118,14 @@ async def test_a_frozen_workers_completion_after_the_end_is_late_and_writes_noth
     working hashes deleted); the frozen worker then wakes and reports: the answer is
     "already finalized", counted as a late report (not a completion, not a stale token),
     and the ledger and snapshot stay as the successor left them."""
-    entered = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
-    release = {"frozen": asyncio.Event(), "successor": asyncio.Event()}
-
-    async def effect(ctx: StepContext) -> str:
-        pool = ctx.fencing_token.rsplit("#", 1)[0]
-        entered[pool].set()
-        await release[pool].wait()
-        return pool
-
-    reg = HandlerRegistry(autoload=True)
-    reg.register("effect", effect)
-    store = ExecutionStore(redis)
-    eid = await store.create(plan_of({"a": []}, uses="effect", registry=reg))
-    frozen = WorkerPool(
-        FrozenRenewals(redis), reg, PoolSettings(workers=1, lease_ms=300), pool_id="frozen"
-    )
-    successor = WorkerPool(store, reg, PoolSettings(workers=1), pool_id="successor")
-    frozen_run = asyncio.create_task(frozen.run(eid))
-    await entered["frozen"].wait()
-    successor_run = asyncio.create_task(successor.run(eid))
-    await entered["successor"].wait()
-    release["successor"].set()
-    assert await successor_run == "Succeeded"
+    pair = await frozen_and_successor(redis, [])
+    store, eid, frozen = pair.store, pair.eid, pair.frozen
+    pair.release["successor"].set()
+    assert await pair.successor_run == "Succeeded"
     ledger = [e.type for e in await store.events(eid)]
     snapshot = await store.snapshot(eid)
-    release["frozen"].set()
-    assert await frozen_run == "Succeeded"
+    pair.release["frozen"].set()
+    assert await pair.frozen_run == "Succeeded"
     assert frozen.stats.late_reports == 1, frozen.stats
     assert frozen.stats.completed == 0 and frozen.stats.stale_rejections == 0
     assert [e.type for e in await store.events(eid)] == ledger
