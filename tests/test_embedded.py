@@ -149,6 +149,40 @@ def test_the_server_is_tuned_for_growing_per_step_hashes(executable: str | None)
 
 
 @pytest.mark.parametrize("executable", EXECUTABLES)
+def test_a_small_ledger_stream_is_not_allocated_a_default_node(executable: str | None) -> None:
+    """Every execution has a ledger stream; under the default ``stream-node-max-bytes``
+    (4096) its one node is allocated at 4 KB whatever it holds. The six entries of a
+    one-step run's ledger (~700 bytes) take well under 2 KB on the tuned server."""
+    entries = [
+        {"type": "execution_created", "pipeline": "tiny", "steps": "1", "tenant": "default"},
+        {"type": "run_started", "run_id": "run-" + "a" * 32, "runtime.instance.id": "r-1",
+         "assigned.runtime.instance.id": "r-1", "tenant.id": "default", "mode": "Shared"},
+        {"type": "steps_claimed", "worker": "r-1@vm", "steps": '["a"]', "attempts": '["1"]',
+         "tokens": '["r-1@vm#1"]'},
+        {"type": "steps_completed", "steps": '["a"]', "attempts": '["1"]',
+         "workers": '["r-1@vm/w0"]', "tokens": '["r-1@vm#1"]'},
+        {"type": "execution_finalized", "status": "Succeeded"},
+        {"type": "step_slots", "version": "1", "admitted": "1", "succeeded": "1",
+         "queue_ns": "316", "execution_ns": "6767", "runtime.instance.id": "r-1"},
+    ]  # fmt: skip
+    with EmbeddedServer(executable=executable) as server:
+        client = sync_client(server.url)
+        try:
+            for entry in entries:
+                client.xadd("ledger", entry)
+            held = sum(len(k) + len(v) for e in entries for k, v in e.items())
+            used = client.memory_usage("ledger")
+            assert used is not None and used < 2048, (used, held)
+            client.config_set("stream-node-max-bytes", 4096)
+            for entry in entries:
+                client.xadd("default-ledger", entry)
+            untuned = client.memory_usage("default-ledger")
+            assert untuned is not None and untuned > 2 * used, (untuned, used)
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("executable", EXECUTABLES)
 def test_data_dir_keeps_data_across_restart(executable: str | None, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     with EmbeddedServer(executable=executable, data_dir=data_dir) as server:

@@ -72,6 +72,7 @@ __all__ = [
 SERVER_TUNING: tuple[tuple[str, str], ...] = (
     ("hash-max-listpack-entries", "128"),
     ("zset-max-listpack-entries", "16"),
+    ("stream-node-max-bytes", "1024"),
 )
 """Server settings for airuntime's access pattern. An execution keeps one hash per
 kind of step state (status, claim token, worker, output, times...) that grows by a
@@ -81,9 +82,16 @@ claims (up to a worker pool's slots). Under the default thresholds (512 hash fie
 with callgrind, a 1,000-step chain spent a quarter of its server instructions there.
 Above these lower thresholds they become hash tables and skip lists; small keys (a
 one-step run's, a tenant's settings) stay compact. Server instructions per step of a
-one-owner drain: chain-1000 645k -> 578k, fan-out 2,000 216k -> 175k. The chart's
-Valkey takes the same values (``redis.valkey.hashMaxListpackEntries`` and
-``zsetMaxListpackEntries``); ``extra_args`` can override them."""
+one-owner drain: chain-1000 645k -> 578k, fan-out 2,000 216k -> 175k.
+
+Every execution has its own ledger stream, and a stream's newest node is allocated at
+``stream-node-max-bytes`` up front (4,096 by default): a one-step run's ledger (six
+entries, ~700 bytes) took 4.3 KB, over a third of what a finished run keeps. With
+1,024 it takes ~1.2 KB; 5,000 finished one-step runs: 59.2 MB -> 44.0 MB
+(``benchmarks.dispatch --redis-url``, ``INFO memory``). Larger ledgers just use more,
+smaller nodes. The chart's Valkey takes the same values
+(``redis.valkey.hashMaxListpackEntries``, ``zsetMaxListpackEntries`` and
+``streamNodeMaxBytes``); ``extra_args`` can override them."""
 
 
 _LOG = logging.getLogger(__name__)
