@@ -1,17 +1,13 @@
 -- The keys of one execution as one table, built once per script call
 -- (`local ek = execKeys(KEYS)`; order: airuntime.core.keys.EXECUTION_KEY_SUFFIXES).
 -- Every include that reads or writes execution state takes this table as its first
--- argument; `all` holds the 21 per-execution keys (finalization sets the retention
--- TTL on each). Scripts that can finalize get KEYS[22] `activeIndex`
+-- argument. Scripts that can finalize get KEYS[22] `activeIndex`
 -- (air:executions:active) and KEYS[23] `archiveOutbox` (air:archive:outbox);
 -- createExecution also KEYS[24] `listIndex` (air:executions); createExecution and
 -- controlExecution also KEYS[25] `earlyCancels` (air:early-cancels: cancels of an
 -- execution not created yet); all are nil for the 21-key scripts.
 local function execKeys(keys)
-  local own = {}
-  for i = 1, 21 do own[i] = keys[i] end
   return {
-    all = own,
     meta = keys[1],
     plan = keys[2],
     status = keys[3],
