@@ -98,8 +98,11 @@ _GAUGES: tuple[tuple[str, str, Callable[[RuntimeInstance], float | None]], ...] 
     ("airuntime_claims", "Steps claimed by this instance's pool.", lambda i: i.pool.stats.claimed),
     (
         "airuntime_claim_conflicts",
-        "Claims lost to another worker or stale completions.",
-        lambda i: i.pool.stats.claim_conflicts + i.pool.stats.stale_rejections,
+        "Claims lost to another worker, and completions refused as stale or as late (the "
+        "execution had ended).",
+        lambda i: (
+            i.pool.stats.claim_conflicts + i.pool.stats.stale_rejections + i.pool.stats.late_reports
+        ),
     ),
     (
         "airuntime_lease_recoveries",
