@@ -10,8 +10,8 @@
   next lease archives it again with the new entries (upserts are idempotent).
 
   The execution keys are built from each execution's key tag and the suffixes given
-  (airuntime.core.keys.EXECUTION_RECORD_SUFFIXES: the keys a finalized execution keeps); every execution of a bucket shares the
-  bucket's hash slot with KEYS[1].
+  (airuntime.core.keys.EXECUTION_RECORD_SUFFIXES: the keys a finalized execution
+  keeps); every execution of a bucket shares the bucket's hash slot with KEYS[1].
 
   Input:
     KEYS[1] the bucket's archive outbox (air:archive:outbox standalone)

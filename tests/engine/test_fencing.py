@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, StepContext, TransientError
-from airuntime.engine.store_results import RenewResult
+from airuntime.engine.store_results import CompletionResult, RenewResult
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from tests.dags import plan_of
 
@@ -27,7 +27,17 @@ class Effect:
 
 
 class FrozenRenewals(ExecutionStore):
-    """A worker that cannot renew its leases (frozen, or cut off): renewals never return."""
+    """A worker that cannot renew its leases (frozen, or cut off): renewals never return.
+    ``answered`` is set once a completion it sent has its answer."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis)
+        self.answered = asyncio.Event()
+
+    async def complete(self, *args: Any, **kwargs: Any) -> CompletionResult:
+        result = await super().complete(*args, **kwargs)
+        self.answered.set()
+        return result
 
     async def renew(
         self, execution_id: str, lease_ms: int, items: Any
@@ -45,7 +55,7 @@ class FrozenAndSuccessor:
     store: ExecutionStore
     eid: str
     frozen: WorkerPool
-    successor: WorkerPool
+    frozen_store: FrozenRenewals
     frozen_run: asyncio.Task[str]
     successor_run: asyncio.Task[str]
     release: dict[str, asyncio.Event]
@@ -67,15 +77,14 @@ async def frozen_and_successor(redis: Redis, effects: list[Effect]) -> FrozenAnd
     reg.register("effect", effect)
     store = ExecutionStore(redis)
     eid = await store.create(plan_of({"a": []}, uses="effect", registry=reg))
-    frozen = WorkerPool(
-        FrozenRenewals(redis), reg, PoolSettings(workers=1, lease_ms=300), pool_id="frozen"
-    )
+    frozen_store = FrozenRenewals(redis)
+    frozen = WorkerPool(frozen_store, reg, PoolSettings(workers=1, lease_ms=300), pool_id="frozen")
     successor = WorkerPool(store, reg, PoolSettings(workers=1), pool_id="successor")
     frozen_run = asyncio.create_task(frozen.run(eid))
     await entered["frozen"].wait()
     successor_run = asyncio.create_task(successor.run(eid))  # recovers once the lease expires
     await entered["successor"].wait()
-    return FrozenAndSuccessor(store, eid, frozen, successor, frozen_run, successor_run, release)
+    return FrozenAndSuccessor(store, eid, frozen, frozen_store, frozen_run, successor_run, release)
 
 
 async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_completes(
@@ -85,10 +94,7 @@ async def test_a_frozen_worker_and_its_successor_share_the_key_and_only_one_comp
     pair = await frozen_and_successor(redis, effects)
     store, eid, frozen, release = pair.store, pair.eid, pair.frozen, pair.release
     release["frozen"].set()  # the frozen worker wakes up and finishes: too late
-    for _ in range(500):
-        if frozen.stats.stale_rejections:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(pair.frozen_store.answered.wait(), 10)
     release["successor"].set()
     assert await pair.successor_run == "Succeeded" and await pair.frozen_run == "Succeeded"
 
