@@ -58,7 +58,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from airuntime.devstack.embedded import EmbeddedServer
+from airuntime.devstack.process_redis import default_embedded_server
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import (
     HandlerRegistry,
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Result] = []
     with contextlib.ExitStack() as stack:
-        url: str = args.redis_url or stack.enter_context(EmbeddedServer()).url
+        url: str = args.redis_url or stack.enter_context(default_embedded_server()).url
         for scenario in args.scenarios:
             log(f"cancel {scenario}: {cancels} cancels, {args.concurrent} at once ...")
             results.append(asyncio.run(run_scenario(url, scenario, cancels, args.concurrent)))

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.redis_probe import ServerSample, with_db
+from benchmarks.redis_probe import ServerSample, celery_url
 
 __all__ = ["CELERY_CONCURRENCY", "ChordRun", "run_celery"]
 
@@ -50,7 +50,7 @@ def celery_worker(url: str, name: str = "bench") -> Iterator[Any]:
     """A ``celery worker --pool prefork --concurrency 2`` subprocess on databases 1
     (broker) and 2 (results) of ``url``'s server, up and answering pings; yields the app.
     Stopped (and the result consumer with it) on the way out."""
-    broker, backend = with_db(url, 1), with_db(url, 2)
+    broker, backend = celery_url(url, 1), celery_url(url, 2)
     os.environ[CELERY_BROKER_ENV] = broker
     os.environ[CELERY_BACKEND_ENV] = backend
     from benchmarks.celery_app import app

@@ -3,8 +3,9 @@
 Run ``python -m benchmarks.dag_throughput [--json] [--quick] [--redis-url URL]`` from
 the repository root (``--cluster``: the same engine on a 1-shard and a 3-shard Valkey
 Cluster with Redis CPU per shard, :mod:`benchmarks.cluster_split`). Without
-``--redis-url`` one embedded Valkey
-(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started for the whole run and
+``--redis-url`` one embedded Valkey, started as ``airt`` starts its own
+(:func:`airuntime.devstack.process_redis.default_embedded_server`: a unix socket), runs
+for the whole run and
 every system uses it; airuntime and the floor use the URL's database, Celery databases
 1 (broker) and 2 (results). Each execution's and floor's keys are deleted after its run.
 
@@ -81,7 +82,7 @@ import redis
 from airuntime.core import keys
 from airuntime.core.redis_client import connect
 from airuntime.core.settings import REDIS_URL_ENV as ENV_VAR
-from airuntime.devstack.embedded import EmbeddedServer
+from airuntime.devstack.process_redis import default_embedded_server
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.pipeline import Plan
 from benchmarks import floor
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        url: str = args.redis_url or stack.enter_context(EmbeddedServer()).url
+        url: str = args.redis_url or stack.enter_context(default_embedded_server()).url
         rows = measure(args, url)
     ratios = ratios_of(rows)
     targets = target_rows(ratios, [r.as_dict() for r in rows])

@@ -2,9 +2,10 @@
 
 Run ``python -m benchmarks.dispatch [--json] [--runs N] [--sweep N ...] [--quick]
 [--no-celery] [--redis-url URL --flush]`` from the repository root. Without
-``--redis-url`` a private embedded Valkey
-(:class:`airuntime.devstack.embedded.EmbeddedServer`) is started; the database is flushed
-before each scenario. The paced scenario alone lasts runs / rate = 5 s by default.
+``--redis-url`` a private embedded Valkey is started as ``airt`` starts its own
+(:func:`airuntime.devstack.process_redis.default_embedded_server`: a unix socket); the
+database is flushed before each scenario. The paced scenario alone lasts runs / rate =
+5 s by default.
 ``--cluster``: the backlog scenario on a 1-shard and a 3-shard Valkey Cluster with Redis
 CPU per shard (:mod:`benchmarks.dispatch_cluster`).
 
@@ -106,7 +107,7 @@ from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.gc_tuning import gen0_threshold_from_env, tune_collector
 from airuntime.core.redis_client import connect
 from airuntime.core.run_layout import run_buckets_for
-from airuntime.devstack.embedded import EmbeddedServer
+from airuntime.devstack.process_redis import default_embedded_server
 from benchmarks.redis_probe import ServerSample
 from benchmarks.runtime_process import RuntimeProcess
 from runtime_pod.config import InstanceConfig
@@ -584,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     celery: float | None = None
     with contextlib.ExitStack() as stack:
-        url: str = args.redis_url or stack.enter_context(EmbeddedServer()).url
+        url: str = args.redis_url or stack.enter_context(default_embedded_server()).url
         for scenario in args.scenarios:
             log(f"dispatch {scenario}: {args.runs} runs over {INSTANCES} instances ...")
             results.append(

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
-__all__ = ["CLAIM_TYPES", "ServerSample", "entries", "stream_ms", "text", "with_db"]
+__all__ = ["CLAIM_TYPES", "ServerSample", "celery_url", "entries", "stream_ms", "text", "with_db"]
 
 
 def with_db(url: str, db: int) -> str:
@@ -24,6 +24,16 @@ def with_db(url: str, db: int) -> str:
         query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(db))]
         return urlunsplit(parts._replace(query=urlencode(query)))
     return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+def celery_url(url: str, db: int) -> str:
+    """:func:`with_db` as Celery's broker and result backend spell it: a unix socket is
+    ``redis+socket:///path?virtual_host=db`` there, so the peer takes the same path to
+    the server as airuntime."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"redis+socket://{parts.path}?virtual_host={db}"
+    return with_db(url, db)
 
 
 @dataclass(frozen=True)

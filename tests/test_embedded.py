@@ -669,13 +669,27 @@ def test_redis_for_process_prefers_a_given_url_and_starts_nothing(
 def test_redis_for_process_starts_embedded_when_env_unset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The process's own server listens on a unix socket in a directory only this
+    user can enter (mode 700), not on a loopback port any local user could reach."""
     monkeypatch.setenv(REDIS_URL_ENV, "  ")  # blank counts as unset
     with redis_for_process() as url:
-        assert url.startswith("redis://127.0.0.1:")
+        assert url.startswith("unix://") and url.endswith("/server.sock?db=0"), url
+        sock = Path(url.removeprefix("unix://").split("?")[0])
+        assert stat.S_ISSOCK(sock.stat().st_mode)
+        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
         assert ping(url)
         assert server_info_version(url)[0] == "valkey"
+        client = sync_client(url)
+        try:
+            assert client.config_get("port")["port"] == "0"  # no TCP listener at all
+        finally:
+            client.close()
     with pytest.raises(sync_redis.ConnectionError):
         ping(url)
+    # A caller can still ask for TCP (a tool that only speaks host:port).
+    with redis_for_process(unix_socket=False) as url:
+        assert url.startswith("redis://127.0.0.1:")
+        assert ping(url)
 
 
 async def test_open_redis_uses_env_var(monkeypatch: pytest.MonkeyPatch, valkey_url: str) -> None:
