@@ -12,8 +12,8 @@ process. That choice is made here, once, for all of them:
   socket in a private directory (mode 700), not a loopback TCP port. A loopback port
   without a password is open to every local user and process of the machine, and the
   server holds every tenant's state; the socket is reachable by this user only. It
-  is also the shorter path: a 2,000-step chain, one round trip a step, ran ~8 %
-  faster over it (4,480 -> 4,890 steps/s, three pairs; Redis CPU a step 87 -> 81 µs).
+  is also the shorter path: a 2,000-step chain, one round trip a step, ran ~7 %
+  faster over it (4,330 -> 4,660 steps/s, means of seven alternated pairs).
 * :func:`open_redis` - a client (:func:`airuntime.core.redis_client.connect`) for an
   explicit URL or ``AIRUNTIME_REDIS_URL``, checked with PING.
 * :func:`server_info_version` - ``("valkey", "8.1.8")`` / ``("redis", "7.0.15")``
