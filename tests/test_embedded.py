@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -349,6 +350,21 @@ def test_unix_socket(no_env_url: None) -> None:
             assert client.config_get("port")["port"] == "0"
         finally:
             client.close()
+
+
+def test_unix_socket_under_a_deep_tmpdir(
+    no_env_url: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TMPDIR too deep for a socket path (sun_path holds ~107 bytes) must not stop
+    the default server from starting: its private dir moves to /tmp."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with EmbeddedServer(unix_socket=True) as server:
+        assert server.socket_path is not None
+        assert server.socket_path.parent.parent == Path("/tmp")
+        assert ping(server.url)
+    assert not any(deep.iterdir())  # the first, unusable dir was removed
 
 
 async def test_async_context_manager_and_open_redis(no_env_url: None) -> None:

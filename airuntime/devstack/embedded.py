@@ -101,6 +101,7 @@ smaller nodes. The chart's Valkey takes the same values
 _LOG = logging.getLogger(__name__)
 
 _POLL_INTERVAL = 0.02  # seconds between readiness probes
+_SUN_PATH_MAX = 100  # bytes of a unix socket path (sockaddr_un.sun_path: 104-108)
 _PROBE_TIMEOUT = 0.25  # per-probe socket timeout
 _LOG_TAIL_BYTES = 4000
 
@@ -389,6 +390,11 @@ class EmbeddedServer:
         self._kill()
         self._cleanup_runtime_dir()
         runtime_dir = Path(tempfile.mkdtemp(prefix="airt-redis-"))
+        if self.unix_socket and len(os.fsencode(runtime_dir / "server.sock")) > _SUN_PATH_MAX:
+            # A socket path longer than sockaddr_un holds (a deep TMPDIR) cannot be
+            # bound: the private dir goes to /tmp instead.
+            runtime_dir.rmdir()
+            runtime_dir = Path(tempfile.mkdtemp(prefix="airt-redis-", dir="/tmp"))
         self._runtime_dir = runtime_dir
         self._port = None if self.unix_socket else (self.fixed_port or free_port())
         argv = self._argv(runtime_dir, self._port or 0)
