@@ -1,4 +1,5 @@
 --- @include "emit"
+--- @include "bulk"
 -- Idempotent finalization. Decides whether the execution is terminal and, the
 -- first time it is, settles every unfinished step, writes the terminal snapshot,
 -- deletes the per-step working keys (the snapshot is the record from then on: a
@@ -31,7 +32,10 @@ end
 -- was ~10 µs of Redis CPU a step), so it is built as one flat list of pieces joined
 -- once: no table, concatenation or JSON encoding per step, a step's timings read from
 -- the times hash as it comes (`c:<step>` split once) instead of a key concatenation
--- and lookup per step, and statuses and worker ids (few distinct values) encoded once.
+-- and lookup per step, statuses and worker ids (few distinct values) encoded once, and
+-- attempts, outputs and finish records read by HMGET in the status hash's order into
+-- arrays, not HGETALL into tables keyed by step id (a 100,000-step fan-out's
+-- finalizing call 393-429 -> 334-380 ms in four alternated pairs; none at 10,000).
 -- A step's `worker` and `finished_at_ms` are those of its finish record
 -- (includes/finishRecord: the last attempt that ended, or the owner alone of a claim
 -- that expired); `f:<step>` times (written before finish records) are still read.
@@ -40,10 +44,14 @@ end
 local function buildSnapshot(ek, final, now)
   local m = hashToTable(ek.meta)
   local statuses = redis.call('HGETALL', ek.status)
-  local attempts = hashToTable(ek.attempt)
-  local outs = hashToTable(ek.out)
+  -- Per-step fields read aligned with the status hash's order (HMGET: the lookups run
+  -- in the server, and Lua keeps arrays instead of hash tables keyed by step id).
+  local ids = {}
+  for i = 1, #statuses, 2 do ids[(i + 1) / 2] = statuses[i] end
+  local attempts = hmgetMany(ek.attempt, ids)
+  local outs = hmgetMany(ek.out, ids)
   local errs = hashToTable(ek.err)
-  local owners = hashToTable(ek.owner)
+  local owners = hmgetMany(ek.owner, ids)
   local match = string.match
   local claimedAt, finishedAt = {}, {}
   local times = redis.call('HGETALL', ek.times)
@@ -85,20 +93,21 @@ local function buildSnapshot(ek, final, now)
   local open = '"'
   for i = 1, #statuses, 2 do
     local step = statuses[i]
+    local k = (i + 1) / 2
     out[n + 1] = open
     out[n + 2] = step
     out[n + 3] = '":{"status":'
     out[n + 4] = cached(statuses[i + 1])
     out[n + 5] = ',"attempts":'
-    out[n + 6] = attempts[step] or '1'
+    out[n + 6] = attempts[k] or '1'
     n = n + 6
     open = ',"'
-    local v = outs[step]
+    local v = outs[k]
     if v then out[n + 1] = ',"output":'; out[n + 2] = v; n = n + 2 end
     v = errs[step]
     if v then out[n + 1] = ',"error":'; out[n + 2] = jsonString(v); n = n + 2 end
     local worker, finished = nil, finishedAt[step]
-    v = owners[step]
+    v = owners[k]
     if v then
       local ms, w = match(v, '^(%d+)|(.*)$')
       if ms then worker, finished = w, ms else worker = v end
