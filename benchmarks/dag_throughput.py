@@ -4,10 +4,10 @@ Run ``python -m benchmarks.dag_throughput [--json] [--quick] [--redis-url URL]``
 the repository root (``--cluster``: the same engine on a 1-shard and a 3-shard Valkey
 Cluster with Redis CPU per shard, :mod:`benchmarks.cluster_split`). Without
 ``--redis-url`` one embedded Valkey, started as ``airt`` starts its own
-(:func:`airuntime.devstack.process_redis.default_embedded_server`: a unix socket), runs
-for the whole run and
-every system uses it; airuntime and the floor use the URL's database, Celery databases
-1 (broker) and 2 (results). Each execution's and floor's keys are deleted after its run.
+(:func:`airuntime.devstack.process_redis.default_embedded_server`: a unix socket),
+serves the whole run and every system uses it; airuntime and the floor use the URL's
+database, Celery databases 1 (broker) and 2 (results). Each execution's and floor's
+keys are deleted after its run.
 
 What is measured
 ----------------
