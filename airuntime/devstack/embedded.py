@@ -398,7 +398,6 @@ class EmbeddedServer:
         self._runtime_dir = runtime_dir
         self._port = None if self.unix_socket else (self.fixed_port or free_port())
         argv = self._argv(runtime_dir, self._port or 0)
-        env = self._env
         preexec = make_preexec()
         log_path = runtime_dir / "server.log"
 
@@ -414,7 +413,7 @@ class EmbeddedServer:
                     # parent, which then stops the server in an orderly way.
                     start_new_session=True,
                     preexec_fn=preexec,
-                    env=env,
+                    env=self._env,
                 )
 
         self._proc = SPAWNER.spawn(popen)
