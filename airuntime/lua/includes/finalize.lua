@@ -42,7 +42,14 @@ end
 -- Every claim has ended when an execution finalizes (no step is Running then), so
 -- no worker is looked for in a token.
 local function buildSnapshot(ek, final, now)
-  local m = hashToTable(ek.meta)
+  -- The meta fields the snapshot copies, read by name: meta also holds the run's
+  -- context and inputs JSON (inputs up to the plan's max_input_bytes), which HGETALL
+  -- would copy into Lua for nothing.
+  local names = {'execution_id', 'pipeline_id', 'tenant_id', 'failure_policy',
+    'created_at', 'started_at', 'total', 'completed', 'failed', 'skipped', 'cancelled'}
+  local values = redis.call('HMGET', ek.meta, unpack(names))
+  local m = {}
+  for i, name in ipairs(names) do m[name] = values[i] end
   local statuses = redis.call('HGETALL', ek.status)
   -- Per-step fields read aligned with the status hash's order (HMGET: the lookups run
   -- in the server, and Lua keeps arrays instead of hash tables keyed by step id).
