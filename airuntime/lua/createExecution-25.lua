@@ -52,7 +52,7 @@
 --- @include "execKeys"
 --- @include "nowMs"
 --- @include "emit"
---- @include "enqueueReady"
+--- @include "bulk"
 --- @include "refreshStatus"
 --- @include "appendEntry"
 --- @include "claimReady"
@@ -71,38 +71,69 @@ if redis.call('EXISTS', ek.meta) == 1 then
 end
 
 local now = nowMs()
-redis.call('HSET', ek.meta,
+-- Every per-step hash is written with a few multi-field commands (includes/bulk), not
+-- one command per step and hash: a 100,000-step plan's creation is one script call
+-- and holds the server for all of it. A root is written Ready (or WaitingForInput, an
+-- `input` root) at once: its order and kind are in the arguments, so it is neither
+-- written Pending first nor read back.
+local st, ord, pend, ch, rf, kd, ma = {}, {}, {}, {}, {}, {}, {}
+local plain, throttled, inputs = {}, {}, {}
+for i = 0, n - 1 do
+  local base = 15 + 7 * i
+  local step, order, kind = ARGV[base], ARGV[base + 1], ARGV[base + 5]
+  local status = 'pending'
+  local ndeps = tonumber(ARGV[base + 2])
+  if ndeps > 0 then
+    pend[#pend + 1] = step
+    pend[#pend + 1] = ndeps
+  elseif kind == 'i' then
+    status = 'input_wait'
+    inputs[#inputs + 1] = step
+  elseif kind == 't' then
+    status = 'ready'
+    throttled[#throttled + 1] = order
+    throttled[#throttled + 1] = step
+  else
+    status = 'ready'
+    plain[#plain + 1] = order
+    plain[#plain + 1] = step
+  end
+  st[#st + 1] = step; st[#st + 1] = status
+  ord[#ord + 1] = step; ord[#ord + 1] = order
+  if ARGV[base + 3] ~= '' then ch[#ch + 1] = step; ch[#ch + 1] = ARGV[base + 3] end
+  if ARGV[base + 4] ~= '' then rf[#rf + 1] = step; rf[#rf + 1] = ARGV[base + 4] end
+  if kind ~= '' then kd[#kd + 1] = step; kd[#kd + 1] = kind end
+  if tonumber(ARGV[base + 6]) > 1 then ma[#ma + 1] = step; ma[#ma + 1] = ARGV[base + 6] end
+end
+-- Derived as refreshStatus would from the fields written here (no control, nothing
+-- failing or running yet).
+local status = 'Running'
+if #inputs > 0 then status = 'WaitingForInput' end
+local meta = {
   'execution_id', ARGV[1], 'plan_digest', ARGV[3], 'pipeline_id', ARGV[4],
   'failure_policy', ARGV[5], 'retention_s', ARGV[6], 'tenant_id', ARGV[7],
   'context', ARGV[8], 'inputs', ARGV[9], 'total', n, 'done', 0, 'completed', 0,
-  'failed', 0, 'skipped', 0, 'cancelled', 0, 'running', 0, 'waiting_input', 0,
-  'claim_seq', 0, 'created_at', now, 'status', 'Running')
+  'failed', 0, 'skipped', 0, 'cancelled', 0, 'running', 0, 'waiting_input', #inputs,
+  'claim_seq', 0, 'created_at', now, 'status', status}
 if ARGV[11] ~= '' and ARGV[11] ~= 'off' then
-  redis.call('HSET', ek.meta, 'archive_hold_s', ARGV[11])
+  meta[#meta + 1] = 'archive_hold_s'
+  meta[#meta + 1] = ARGV[11]
 end
+redis.call('HSET', ek.meta, unpack(meta))
 redis.call('SET', ek.plan, ARGV[2])
-
-local roots = {}
-for i = 0, n - 1 do
-  local base = 15 + 7 * i
-  local step = ARGV[base]
-  redis.call('HSET', ek.status, step, 'pending')
-  redis.call('HSET', ek.order, step, ARGV[base + 1])
-  local ndeps = tonumber(ARGV[base + 2])
-  if ndeps > 0 then
-    redis.call('HSET', ek.pending, step, ndeps)
-  else
-    roots[#roots + 1] = step
-  end
-  if ARGV[base + 3] ~= '' then redis.call('HSET', ek.children, step, ARGV[base + 3]) end
-  if ARGV[base + 4] ~= '' then redis.call('HSET', ek.refs, step, ARGV[base + 4]) end
-  if ARGV[base + 5] ~= '' then redis.call('HSET', ek.kind, step, ARGV[base + 5]) end
-  if tonumber(ARGV[base + 6]) > 1 then redis.call('HSET', ek.maxAttempts, step, ARGV[base + 6]) end
-end
+hsetMany(ek.status, st)
+hsetMany(ek.order, ord)
+hsetMany(ek.pending, pend)
+hsetMany(ek.children, ch)
+hsetMany(ek.refs, rf)
+hsetMany(ek.kind, kd)
+hsetMany(ek.maxAttempts, ma)
 emit(ek, 'type', 'execution_created', 'pipeline', ARGV[4], 'steps', n, 'tenant', ARGV[7])
 redis.call('ZADD', ek.listIndex, 'NX', now, ARGV[1])
 redis.call('ZADD', ek.activeIndex, 'NX', now, ARGV[1])
-for _, step in ipairs(roots) do enqueueReady(ek, step) end
+zaddMany(ek.ready, plain)
+zaddMany(ek.readyThrottled, throttled)
+for _, step in ipairs(inputs) do emit(ek, 'type', 'input_requested', 'step', step) end
 if #entry > 0 then emit(ek, unpack(entry)) end
 local early = redis.call('ZSCORE', ek.earlyCancels, ARGV[1])
 if early then
@@ -112,8 +143,7 @@ if early then
   refreshStatus(ek)
   return {1, finalizeIfDone(ek, now) or refreshStatus(ek), 0, 0, 0, 0}
 end
-local status = refreshStatus(ek)
-local result = {1, status, 0, 0, redis.call('ZCARD', ek.readyThrottled), 0}
+local result = {1, status, 0, 0, #throttled / 2, 0}
 if ARGV[12] ~= '' and status == 'Running' then
   result[4] = claimReady(ek, ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14]), now, result)
 end

@@ -377,6 +377,56 @@ async def test_finalization_is_idempotent_under_contention(store: ExecutionStore
     assert await store.redis.ttl(store.keys_of(eid).meta) > 0, "retention TTL applied"
 
 
+async def test_creation_writes_each_kind_of_root_where_it_belongs(store: ExecutionStore) -> None:
+    """A plain root is Ready in the ready set, a throttled one in the throttled set (and
+    counted in the reply), an ``input`` root waits for input from the start (status
+    WaitingForInput, its request in the ledger right after the creation entry, nothing
+    claimed), and a dependent step is Pending with its counter."""
+    plan = plan_of(
+        {"plain": [], "limited": [], "ask": [], "after": ["plain", "limited", "ask"]},
+        steps={"limited": {"concurrency": {"key": "k"}}, "ask": {"uses": "input"}},
+        throttle=[{"match": {}, "limit": 1}],
+    )
+    eid, batch = await store.create_and_claim(plan, ("w", 5, 30_000))
+    assert batch is not None
+    assert batch.status == "WaitingForInput" and batch.claims == [] and batch.throttled_ready == 1
+    ek, redis = store.keys_of(eid), store.redis
+    assert await redis.hgetall(ek.key("status")) == {
+        b"plain": b"ready",
+        b"limited": b"ready",
+        b"ask": b"input_wait",
+        b"after": b"pending",
+    }
+    assert await redis.zrange(ek.key("ready"), 0, -1) == [b"plain"]
+    assert await redis.zrange(ek.key("ready_throttled"), 0, -1) == [b"limited"]
+    assert await redis.hgetall(ek.key("pending")) == {b"after": b"3"}
+    assert await redis.hmget(ek.meta, "status", "waiting_input") == [b"WaitingForInput", b"1"]
+    types = [e.type for e in await store.events(eid)]
+    assert types[:2] == ["execution_created", "input_requested"]
+    assert await store.provide_input(eid, "ask", True) == "Running"
+
+
+async def test_creation_of_a_plan_larger_than_one_bulk_command(store: ExecutionStore) -> None:
+    """1,200 steps (a bulk command takes 500 fields): every step's record is written,
+    the root alone is ready, and the plan drains to Succeeded."""
+    eid = await store.create(plan_of(fan(1_198)))
+    ek, redis = store.keys_of(eid), store.redis
+    assert await redis.hlen(ek.key("status")) == await redis.hlen(ek.key("order")) == 1_200
+    assert await redis.hlen(ek.key("pending")) == 1_199
+    assert await redis.hlen(ek.key("children")) == 1_199
+    assert await redis.zrange(ek.key("ready"), 0, -1) == [b"root"]
+    assert await redis.hget(ek.key("pending"), "sink") == b"1198"
+    held = [(c.step_id, c.token) for c in (await store.claim(eid, "w", 64, 30_000)).claims]
+    status = None
+    while held:
+        items = [(s, t, "w", "null") for s, t in held[:64]]
+        r = await store.complete(eid, "w", items, claim_next=64)
+        status = r.status
+        held = held[64:] + [(c.step_id, c.token) for c in r.claims]
+    assert status == "Succeeded"
+    assert (await store.snapshot(eid) or {})["counts"]["completed"] == 1_200
+
+
 async def test_input_step_blocks_claims_until_input_is_provided(store: ExecutionStore) -> None:
     plan = plan_of(
         {"draft": [], "approve": ["draft"], "other": ["draft"], "publish": ["approve"]},
