@@ -406,25 +406,35 @@ async def test_creation_writes_each_kind_of_root_where_it_belongs(store: Executi
     assert await store.provide_input(eid, "ask", True) == "Running"
 
 
-async def test_creation_of_a_plan_larger_than_one_bulk_command(store: ExecutionStore) -> None:
-    """1,200 steps (a bulk command takes 500 fields): every step's record is written,
-    the root alone is ready, and the plan drains to Succeeded."""
-    eid = await store.create(plan_of(fan(1_198)))
+async def test_a_plan_larger_than_one_bulk_command_and_one_snapshot_chunk(
+    store: ExecutionStore,
+) -> None:
+    """3,002 steps: creation writes every step's record (a bulk command takes 500
+    fields) with the root alone ready; the plan drains to Succeeded; the snapshot,
+    written in several chunks (one per 20,000 pieces, ~2,000 steps), is one JSON
+    document holding every step with its worker and times, in the status hash's order."""
+    eid = await store.create(plan_of(fan(3_000)))
     ek, redis = store.keys_of(eid), store.redis
-    assert await redis.hlen(ek.key("status")) == await redis.hlen(ek.key("order")) == 1_200
-    assert await redis.hlen(ek.key("pending")) == 1_199
-    assert await redis.hlen(ek.key("children")) == 1_199
+    assert await redis.hlen(ek.key("status")) == await redis.hlen(ek.key("order")) == 3_002
+    assert await redis.hlen(ek.key("pending")) == 3_001
+    assert await redis.hlen(ek.key("children")) == 3_001
     assert await redis.zrange(ek.key("ready"), 0, -1) == [b"root"]
-    assert await redis.hget(ek.key("pending"), "sink") == b"1198"
+    assert await redis.hget(ek.key("pending"), "sink") == b"3000"
+    order = [s.decode() for s in await redis.hkeys(ek.key("status"))]
     held = [(c.step_id, c.token) for c in (await store.claim(eid, "w", 64, 30_000)).claims]
     status = None
     while held:
-        items = [(s, t, "w", "null") for s, t in held[:64]]
+        items = [(s, t, "w/0", "null") for s, t in held[:64]]
         r = await store.complete(eid, "w", items, claim_next=64)
         status = r.status
         held = held[64:] + [(c.step_id, c.token) for c in r.claims]
     assert status == "Succeeded"
-    assert (await store.snapshot(eid) or {})["counts"]["completed"] == 1_200
+    snap = await store.snapshot(eid)
+    assert snap is not None and snap["counts"]["completed"] == 3_002
+    assert list(snap["steps"]) == order
+    for step in snap["steps"].values():
+        assert step["status"] == "completed" and step["worker"] == "w/0"
+        assert step["finished_at_ms"] >= step["claimed_at_ms"] > 0
 
 
 async def test_input_step_blocks_claims_until_input_is_provided(store: ExecutionStore) -> None:
