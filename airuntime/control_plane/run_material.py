@@ -112,7 +112,7 @@ def _from_snapshot(
 
 
 def _live_steps(h: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
-    """The terminal snapshot's per-step shape (``finalize.lua`` buildSnapshot), from
+    """The terminal snapshot's per-step shape (``finalize.lua`` writeSnapshot), from
     the live hashes of a running execution."""
     steps: dict[str, dict[str, Any]] = {}
     for step, status in h["status"].items():
