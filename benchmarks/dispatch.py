@@ -1,7 +1,7 @@
 """Shared-queue dispatch: runs/s through the background pump, and submit-to-ExecutionId latency.
 
 Run ``python -m benchmarks.dispatch [--json] [--runs N] [--sweep N ...] [--quick]
-[--no-celery] [--redis-url URL --flush]`` from the repository root. Without
+[--breakdown] [--no-celery] [--redis-url URL --flush]`` from the repository root. Without
 ``--redis-url`` a private embedded Valkey is started as ``airt`` starts its own
 (:func:`airuntime.devstack.process_redis.default_embedded_server`: a unix socket); the
 database is flushed before each scenario. The paced scenario alone lasts runs / rate =
@@ -27,6 +27,11 @@ Peer, ratios and checks
   10,000 runs is measured three times and its median taken (``runs_per_s_each`` lists
   all): a drain of 1,000 runs lasts half a second, and one slow moment moves the whole
   ratio; 100,000 runs are measured once.
+* ``--breakdown``: one more backlog of ``--runs`` runs with every command's server time
+  logged (:mod:`benchmarks.command_times`, ``SLOWLOG``): ``breakdown`` lists each
+  script's (``EVALSHA <name>``) and plain command's calls and µs a run, largest first.
+  A script's time includes the commands it runs, which are also listed under their
+  names. The logging slows the server, so that backlog's rates are not reported.
 * ``failures`` lists every missed target (the issue's: backlog 2,000 and streaming 1,500
   runs/s, 5x Celery, spread 1.3, paced p99 20 ms, sweep flat within 15%).
   ``--quick`` (CI: 300 runs, backlog + streaming + Celery, no paced run, no sweep) exits
@@ -108,6 +113,7 @@ from airuntime.core.gc_tuning import gen0_threshold_from_env, tune_collector
 from airuntime.core.redis_client import connect
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.devstack.process_redis import default_embedded_server
+from benchmarks.command_times import CommandTimes
 from benchmarks.redis_probe import ServerSample
 from benchmarks.runtime_process import RuntimeProcess
 from runtime_pod.config import InstanceConfig
@@ -444,6 +450,10 @@ class Report:
     sweep: list[dict[str, Any]]
     """Backlog at each size: runs, completed runs/s, ms per run, ms per run / the smallest's."""
     failures: list[str]
+    breakdown: list[dict[str, Any]] = field(default_factory=list)
+    """--breakdown: server time a run by script and command (:func:`_breakdown`)."""
+    breakdown_complete: bool | None = None
+    """Whether the server's log held every command of that backlog."""
 
 
 def _ratios(results: list[Result], celery: float | None) -> dict[str, float]:
@@ -454,6 +464,27 @@ def _ratios(results: list[Result], celery: float | None) -> dict[str, float]:
         for r in results
         if r.scenario in ("backlog", "streaming")
     }
+
+
+def _breakdown(
+    url: str, runs: int, submitters: int, runtime_process: bool
+) -> tuple[list[dict[str, Any]], bool | None]:
+    """A backlog of ``runs`` runs with every command's server time logged: each
+    script's and command's calls and µs a run (none on a cluster URL)."""
+    client = _probe(url)
+    if client is None:
+        log("dispatch breakdown: needs a standalone server, skipped")
+        return [], None
+    log(f"dispatch breakdown: backlog of {runs} runs, every command logged ...")
+    try:
+        # ~130 commands a run, and the scripts' calls: room for twice that.
+        with CommandTimes(client, capacity=runs * 300) as times:
+            asyncio.run(
+                run_scenario(url, "backlog", runs, submitters, 1.0, runtime_process=runtime_process)
+            )
+    finally:
+        client.close()
+    return [asdict(row) for row in times.per(runs)], times.complete
 
 
 def _sweep(
@@ -531,6 +562,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"CI: {QUICK_RUNS} runs, backlog + streaming + Celery; exit 1 below half a target",
     )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="one more backlog with every command's server time logged: µs a run by script",
+    )
     parser.add_argument("--redis-url", help="use this Redis/Valkey (needs --flush)")
     parser.add_argument("--flush", action="store_true", help="allow FLUSHDB of --redis-url")
     return parser
@@ -554,6 +590,15 @@ def _print(report: Report) -> None:
             f"sweep     {row['runs']:>7.0f} runs  {row['completed_runs_per_s']:8.1f} runs/s  "
             f"{row['ms_per_run']:.3f} ms/run  {row['vs_smallest']}x the smallest"
         )
+    if report.breakdown:
+        print(
+            f"server time a run by script and command (log complete: {report.breakdown_complete})"
+        )
+        for item in report.breakdown:
+            print(
+                f"  {item['us_per_unit']:8.1f} us/run  {item['calls_per_unit']:7.2f} calls/run  "
+                f"{item['us_per_call']:8.1f} us/call  {item['name']}"
+            )
     for failure in report.failures:
         print(f"MISSED    {failure}")
 
@@ -610,7 +655,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.sweep
             else []
         )
-    report = Report(results, celery, _ratios(results, celery), sweep, [])
+        breakdown, complete = (
+            _breakdown(url, args.runs, args.submitters, args.runtime_process)
+            if args.breakdown
+            else ([], None)
+        )
+    report = Report(results, celery, _ratios(results, celery), sweep, [], breakdown, complete)
     report.failures = _failures(report, args.quick)
     if args.json:
         print(json.dumps(asdict(report), indent=2))
