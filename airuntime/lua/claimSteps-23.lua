@@ -1,9 +1,10 @@
 --[[
   Claim up to N ready (unthrottled) steps for one owner, in topological order.
 
-  Before claiming: retry-due steps become ready and Running steps whose lease
+  Before claiming: retry-due steps become ready, Running steps whose lease
   expired return to Ready with their attempt count unchanged (recovery is not a
-  retry). Claims happen only while the execution status is Running (Pausing,
+  retry), and a release of dependents an earlier completion left unfinished (meta
+  `releasing`, includes/releaseMany) goes on by up to its budget. Claims happen only while the execution status is Running (Pausing,
   Paused, WaitingForInput, Cancelling, Failing and terminal states block them);
   a blocked call still recovers and may finalize. Each claimed step gets a fresh
   claim token, its lease expiry in the running set and a `step_claimed` entry.
@@ -31,6 +32,7 @@
 --- @include "moveDue"
 --- @include "nextWake"
 --- @include "refreshStatus"
+--- @include "releaseMany"
 --- @include "claimReady"
 --- @include "finalize"
 
@@ -41,7 +43,8 @@ local want = tonumber(ARGV[2])
 local leaseMs = tonumber(ARGV[3])
 local now = nowMs()
 
-local terminal = redis.call('HGET', ek.meta, 'terminal')
+local m = redis.call('HMGET', ek.meta, 'terminal', 'releasing')
+local terminal = m[1]
 if terminal and terminal ~= '' then return {terminal, -1, 0, 0, 0} end
 
 local _, recovered = moveDue(ek, now, tonumber(ARGV[4]))
@@ -52,6 +55,8 @@ if status ~= 'Running' then
   return {status, nextWake(ek, now), 0, 0, recovered}
 end
 
+-- A long release an earlier completion left goes on before claiming (includes/releaseMany).
+if m[2] then releaseMany(ek, {}, m[2]) end
 local result = {status, 0, 0, redis.call('ZCARD', ek.readyThrottled), recovered}
 local claimed = claimReady(ek, owner, want, leaseMs, now, result)
 result[3] = claimed

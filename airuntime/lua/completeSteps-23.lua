@@ -4,8 +4,9 @@
   busy pays less than one round trip per step. Each completion must present the
   claim token of the current claim: a stale worker (its claim expired and was
   recovered, or re-claimed by someone else) is rejected and changes nothing. A
-  completed step releases its dependents (O(children)); the last completion
-  finalizes. The batch is read and written with a fixed number of multi-field
+  completed step releases its dependents, at most a budget of them a call (a fan-out's
+  root: the rest in the calls that claim next, includes/releaseMany, meta
+  `releasing`); the last completion finalizes. The batch is read and written with a fixed number of multi-field
   commands (includes/bulk) plus one ledger entry for the accepted completions
   (`steps_completed`: `steps`, `attempts`, `workers`, `tokens` JSON arrays aligned by
   index, see includes/batchEntry) and one `completion_rejected` entry per rejected
@@ -45,7 +46,8 @@
 local ek = execKeys(KEYS)
 -- The counters this call moves, read once and written back in one HSET (three
 -- HINCRBYs before); an execution's meta always holds them, so none means no execution.
-local counts = redis.call('HMGET', ek.meta, 'completed', 'done', 'running', 'terminal')
+local counts = redis.call('HMGET', ek.meta, 'completed', 'done', 'running', 'terminal',
+  'releasing')
 if not counts[2] then return {-1} end
 local steps = {}
 for i = 4, #ARGV, 4 do steps[i / 4] = ARGV[i] end
@@ -115,7 +117,7 @@ if #accepted > 0 then
   zremMany(ek.running, accepted)
   redis.call('HSET', ek.meta, 'completed', tonumber(counts[1] or '0') + #accepted,
     'done', tonumber(counts[2]) + #accepted, 'running', tonumber(counts[3] or '0') - #accepted)
-  readied = releaseMany(ek, accepted)
+  readied = releaseMany(ek, accepted, counts[5])
 end
 local status, mayEnd = refreshStatus(ek)
 local final = mayEnd and finalizeIfDone(ek, now)

@@ -437,6 +437,92 @@ async def test_a_plan_larger_than_one_bulk_command_and_one_snapshot_chunk(
         assert step["finished_at_ms"] >= step["claimed_at_ms"] > 0
 
 
+async def _drain(store: ExecutionStore, eid: str, batch: int = 64) -> str | None:
+    """Claim and complete until nothing is claimed; the last status seen."""
+    held = [(c.step_id, c.token) for c in (await store.claim(eid, "w", batch, 30_000)).claims]
+    status = None
+    while held:
+        items = [(s, t, "w/0", "null") for s, t in held[:batch]]
+        r = await store.complete(eid, "w", items, claim_next=batch)
+        status = r.status
+        held = held[batch:] + [(c.step_id, c.token) for c in r.claims]
+    return status
+
+
+async def _claims_per_step(store: ExecutionStore, eid: str) -> Counter[str]:
+    return Counter(e.get("step") for e in await store.events(eid) if e.type == "step_claimed")
+
+
+async def test_a_release_longer_than_the_budget_goes_on_in_the_calls_that_claim(
+    store: ExecutionStore,
+) -> None:
+    """A root with 10,000 dependents: its completion makes RELEASE_BUDGET of them ready
+    and records where it stopped; each call that claims next releases up to as many
+    more, before claiming; once all are out the record is gone. Every step is claimed
+    exactly once and the execution succeeds."""
+    eid = await store.create(plan_of(fan(10_000)))
+    ek, redis = store.keys_of(eid), store.redis
+    (root,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    r = await store.complete(eid, "w", [("root", root.token, "w", "null")])
+    assert r.readied == RELEASE_BUDGET
+    assert await redis.zcard(ek.key("ready")) == RELEASE_BUDGET
+    assert (await redis.hget(ek.meta, "releasing") or b"").startswith(b"root=")
+    batch = await store.claim(eid, "w", 64, 30_000)
+    assert len(batch.claims) == 64
+    assert await redis.zcard(ek.key("ready")) == 2 * RELEASE_BUDGET - 64
+    await store.claim(eid, "w", 0, 30_000)
+    assert await redis.zcard(ek.key("ready")) == 10_000 - 64
+    assert not await redis.hexists(ek.meta, "releasing")
+    items = [(c.step_id, c.token, "w/0", "null") for c in batch.claims]
+    await store.complete(eid, "w", items)
+    assert await _drain(store, eid) == "Succeeded"
+    claims = await _claims_per_step(store, eid)
+    assert len(claims) == 10_002 and set(claims.values()) == {1}
+
+
+async def test_two_long_releases_and_a_dependent_of_both(store: ExecutionStore) -> None:
+    """Two roots completed in one call, 5,000 dependents each, and one step that
+    depends on both: the releases go on one after the other across calls, the shared
+    dependent becomes ready once (when its second parent's list reaches it), and every
+    step runs once."""
+    deps: dict[str, list[str]] = {"r1": [], "r2": []}
+    deps.update({f"a{i}": ["r1"] for i in range(5_000)})
+    deps.update({f"b{i}": ["r2"] for i in range(5_000)})
+    deps["both"] = ["r1", "r2"]
+    deps["sink"] = [s for s in deps if s not in ("r1", "r2")]
+    eid = await store.create(plan_of(deps))
+    roots = (await store.claim(eid, "w", 2, 30_000)).claims
+    r = await store.complete(eid, "w", [(c.step_id, c.token, "w", "null") for c in roots])
+    assert r.readied == RELEASE_BUDGET
+    assert await store.redis.hget(store.keys_of(eid).key("status"), "both") == b"pending"
+    assert await _drain(store, eid) == "Succeeded"
+    claims = await _claims_per_step(store, eid)
+    assert len(claims) == len(deps) and set(claims.values()) == {1}
+
+
+async def test_a_cancel_during_a_long_release_ends_it(store: ExecutionStore) -> None:
+    """Cancelled while a release is still going on: the execution finalizes Cancelled
+    with every dependent not released yet cancelled, the record of the release is
+    gone, and a later claim finds the execution terminal."""
+    eid = await store.create(plan_of(fan(10_000)))
+    (root,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    await store.complete(eid, "w", [("root", root.token, "w", "null")])
+    assert await store.redis.hexists(store.keys_of(eid).meta, "releasing")
+    assert await store.cancel(eid, "user") == "Cancelled"
+    assert not await store.redis.hexists(store.keys_of(eid).meta, "releasing")
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["counts"] == {
+        "total": 10_002,
+        "completed": 1,
+        "failed": 0,
+        "skipped": 0,
+        "cancelled": 10_001,
+    }
+    batch = await store.claim(eid, "w", 64, 30_000)
+    assert batch.status == "Cancelled" and batch.claims == []
+
+
 async def test_input_step_blocks_claims_until_input_is_provided(store: ExecutionStore) -> None:
     plan = plan_of(
         {"draft": [], "approve": ["draft"], "other": ["draft"], "publish": ["approve"]},
@@ -478,6 +564,10 @@ async def test_renewal_extends_live_claims_and_reports_lost_ones(store: Executio
     assert score is not None
 
 
+RELEASE_BUDGET = 4096
+"""Dependents one call releases at most (includes/releaseMany.lua, releaseBudget)."""
+
+
 async def test_claim_work_does_not_grow_with_the_size_of_the_dag(store: ExecutionStore) -> None:
     """Ready steps are found without scanning: claiming and completing a step of a
     20,000-step execution runs as many Redis commands as in a 20-step one."""
@@ -486,7 +576,10 @@ async def test_claim_work_does_not_grow_with_the_size_of_the_dag(store: Executio
         eid = await store.create(plan_of(fan(n)))
         (root,) = (await store.claim(eid, "w", 1, 30_000)).claims
         r = await store.complete(eid, "w", [("root", root.token, "w", "null")])
-        assert r.readied == n
+        assert r.readied == min(n, RELEASE_BUDGET)
+        while await store.redis.hexists(store.keys_of(eid).meta, "releasing"):
+            await store.claim(eid, "w", 0, 30_000)  # the rest of the release, nothing claimed
+        assert await store.redis.zcard(store.keys_of(eid).key("ready")) == n
         before = await _commands_run(store, eid)
         (step,) = (await store.claim(eid, "w", 1, 30_000)).claims
         await store.complete(eid, "w", [(step.step_id, step.token, "w", "null")])

@@ -177,7 +177,7 @@ end
 
 local function finalizeIfDone(ek, now)
   local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'done', 'total',
-    'failed', 'retention_s', 'execution_id', 'archive_hold_s')
+    'failed', 'retention_s', 'execution_id', 'archive_hold_s', 'releasing')
   if m[1] and m[1] ~= '' then return m[1] end
   local done = tonumber(m[5] or '0')
   local total = tonumber(m[6] or '0')
@@ -192,6 +192,8 @@ local function finalizeIfDone(ek, now)
   redis.call('DEL', ek.ready, ek.readyThrottled, ek.delayed, ek.running)
   redis.call('HSET', ek.meta, 'terminal', final, 'status', final, 'finished_at', now, 'running', 0,
     'waiting_input', 0)
+  -- A release still going on (a cancel or a failure came first) ends here.
+  if m[11] then redis.call('HDEL', ek.meta, 'releasing') end
   writeSnapshot(ek, final, now)
   emit(ek, 'type', 'execution_finalized', 'status', final)
   redis.call('ZREM', ek.activeIndex, m[9])
