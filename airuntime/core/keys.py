@@ -36,7 +36,9 @@ key                                    type    content / written by
 ``air:{e:E}:meta``                     hash    status, control, counters (total, done,
                                                completed, failed, skipped, cancelled, running,
                                                waiting_input), timings, tenant, context
-                                               snapshot, claim_seq. All scripts.
+                                               snapshot, claim_seq, releasing (releases
+                                               left for later calls: parent=next byte,...;
+                                               includes/releaseMany). All scripts.
 ``air:{e:E}:plan``                     string  compiled plan JSON (workers rebuild it). create.
 ``air:{e:E}:status``                   hash    step -> pending|ready|running|retry_wait|
                                                input_wait|completed|failed|skipped|cancelled.
