@@ -43,8 +43,9 @@ end
 
 -- The most dependents one call releases. A completion whose dependents are more (a
 -- fan-out's root) releases this many and leaves the rest to the calls that claim next
--- (continueReleases): a script holds its server, and releasing 100,000 children at
--- once held it ~245 ms, every other execution and tenant on that shard waiting.
+-- (releaseMany, meta `releasing`): a script holds its server, and releasing 100,000
+-- children at once held it ~245 ms, every other execution and tenant on that shard
+-- waiting.
 local function releaseBudget() return 4096 end
 
 -- Decrement the counters of the dependents listed in `lists` (comma-separated step
