@@ -1,7 +1,8 @@
 --[[
   Complete an `input` step that is WaitingForInput with the value a person (or
-  system) provided, release its dependents and resume claims when no other
-  input is awaited.
+  system) provided, release its dependents (at most a budget of them in this call,
+  the rest in the calls that claim next: includes/releaseMany) and resume claims when
+  no other input is awaited.
 
   Input:
     KEYS[1..21] the execution's keys
@@ -20,16 +21,17 @@
 --- @include "execKeys"
 --- @include "nowMs"
 --- @include "emit"
---- @include "releaseChildren"
+--- @include "releaseMany"
 --- @include "refreshStatus"
 --- @include "finalize"
 --- @include "finishRecord"
 
 local ek = execKeys(KEYS)
 if redis.call('EXISTS', ek.meta) == 0 then return {-1} end
-local terminal = redis.call('HGET', ek.meta, 'terminal')
+local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'releasing')
+local terminal = m[1]
 if terminal and terminal ~= '' then return {-6, terminal} end
-if redis.call('HGET', ek.meta, 'control') == 'cancel' then return {-5, 'Cancelling'} end
+if m[2] == 'cancel' then return {-5, 'Cancelling'} end
 local step = ARGV[1]
 local st = redis.call('HGET', ek.status, step)
 if not st then return {-2} end
@@ -42,7 +44,7 @@ redis.call('HINCRBY', ek.meta, 'waiting_input', -1)
 redis.call('HINCRBY', ek.meta, 'completed', 1)
 redis.call('HINCRBY', ek.meta, 'done', 1)
 emit(ek, 'type', 'input_provided', 'step', step, 'actor', ARGV[3])
-releaseChildren(ek, step)
+releaseMany(ek, {step}, m[3])
 local status, mayEnd = refreshStatus(ek)
 local final = mayEnd and finalizeIfDone(ek, now)
 return {1, final or status}

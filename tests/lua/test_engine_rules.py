@@ -523,6 +523,23 @@ async def test_a_cancel_during_a_long_release_ends_it(store: ExecutionStore) -> 
     assert batch.status == "Cancelled" and batch.claims == []
 
 
+async def test_an_input_steps_dependents_are_released_like_a_completions(
+    store: ExecutionStore,
+) -> None:
+    """Input provided to a step with 5,000 dependents: RELEASE_BUDGET of them become
+    ready in that call, the rest in the calls that claim next; all run once."""
+    deps: dict[str, list[str]] = {"ask": []}
+    deps.update({f"s{i}": ["ask"] for i in range(5_000)})
+    eid = await store.create(plan_of(deps, steps={"ask": {"uses": "input"}}))
+    assert await store.provide_input(eid, "ask", {"ok": True}) == "Running"
+    ek = store.keys_of(eid)
+    assert await store.redis.zcard(ek.key("ready")) == RELEASE_BUDGET
+    assert await store.redis.hexists(ek.meta, "releasing")
+    assert await _drain(store, eid) == "Succeeded"
+    claims = await _claims_per_step(store, eid)
+    assert len(claims) == 5_000 and set(claims.values()) == {1}
+
+
 async def test_input_step_blocks_claims_until_input_is_provided(store: ExecutionStore) -> None:
     plan = plan_of(
         {"draft": [], "approve": ["draft"], "other": ["draft"], "publish": ["approve"]},
