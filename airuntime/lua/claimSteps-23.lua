@@ -4,9 +4,10 @@
   Before claiming: retry-due steps become ready, Running steps whose lease
   expired return to Ready with their attempt count unchanged (recovery is not a
   retry), and a release of dependents an earlier completion left unfinished (meta
-  `releasing`, includes/releaseMany) goes on by up to its budget. Claims happen only while the execution status is Running (Pausing,
-  Paused, WaitingForInput, Cancelling, Failing and terminal states block them);
-  a blocked call still recovers and may finalize. Each claimed step gets a fresh
+  `releasing`, includes/releaseMany) goes on by up to its budget. Claims happen
+  only while the execution status is Running (Pausing, Paused, WaitingForInput,
+  Cancelling, Failing and terminal states block them); a blocked call still
+  recovers and may finalize. Each claimed step gets a fresh
   claim token, its lease expiry in the running set and a `step_claimed` entry.
 
   Input:

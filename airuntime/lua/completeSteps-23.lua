@@ -4,14 +4,14 @@
   busy pays less than one round trip per step. Each completion must present the
   claim token of the current claim: a stale worker (its claim expired and was
   recovered, or re-claimed by someone else) is rejected and changes nothing. A
-  completed step releases its dependents, at most a budget of them a call (a fan-out's
-  root: the rest in the calls that claim next, includes/releaseMany, meta
-  `releasing`); the last completion finalizes. The batch is read and written with a fixed number of multi-field
-  commands (includes/bulk) plus one ledger entry for the accepted completions
-  (`steps_completed`: `steps`, `attempts`, `workers`, `tokens` JSON arrays aligned by
-  index, see includes/batchEntry) and one `completion_rejected` entry per rejected
-  item; a step named twice in one call is judged as if the calls came one after the
-  other.
+  completed step releases its dependents, at most a budget of them a call (a
+  fan-out's root: the rest in the calls that claim next, includes/releaseMany, meta
+  `releasing`); the last completion finalizes. The batch is read and written with a
+  fixed number of multi-field commands (includes/bulk) plus one ledger entry for the
+  accepted completions (`steps_completed`: `steps`, `attempts`, `workers`, `tokens`
+  JSON arrays aligned by index, see includes/batchEntry) and one `completion_rejected`
+  entry per rejected item; a step named twice in one call is judged as if the calls
+  came one after the other.
 
   Input:
     KEYS[1..21] the execution's keys
