@@ -7,8 +7,8 @@
   `releasing`, includes/releaseMany) goes on by up to its budget. Claims happen
   only while the execution status is Running (Pausing, Paused, WaitingForInput,
   Cancelling, Failing and terminal states block them); a blocked call still
-  recovers and may finalize. Each claimed step gets a fresh
-  claim token, its lease expiry in the running set and a `step_claimed` entry.
+  recovers and may finalize. Each claimed step gets a fresh claim token, its lease
+  expiry in the running set and a `step_claimed` entry.
 
   Input:
     KEYS[1..21] the execution's keys
