@@ -37,7 +37,9 @@ from benchmarks.redis_probe import text
 
 __all__ = ["CommandTime", "CommandTimes"]
 
-_MARKER = "ECHO command-times-start"
+_MARKER_TEXT = "command-times-start"
+_MARKER = f"ECHO {_MARKER_TEXT}"
+"""How the marker the block starts with reads in the server's log."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class CommandTimes:
         self.client.config_set("slowlog-max-len", self.capacity + 2)
         self.client.slowlog_reset()
         self.client.config_set("slowlog-log-slower-than", 0)
-        self.client.echo(_MARKER.split(" ", 1)[1])
+        self.client.echo(_MARKER_TEXT)
         return self
 
     def __exit__(

@@ -54,7 +54,7 @@ local function releaseBudget() return 4096 end
 -- finished ({parent, next byte, parent, next byte, ...}) and the number of dependents
 -- taken (a dependent named by two lists is decremented once for each; nothing is
 -- decremented twice for one list).
-local function releaseLists(parents, lists, starts, budget, ek)
+local function releaseLists(ek, parents, lists, starts, budget)
   local dec, kids = {}, {}
   local nk, taken = 0, 0
   local rest = {}
@@ -159,7 +159,7 @@ local function releaseMany(ek, steps, open)
     local starts = {}
     for i = 1, #steps do starts[i] = 1 end
     local rest, taken
-    readied, rest, taken = releaseLists(steps, lists, starts, budget, ek)
+    readied, rest, taken = releaseLists(ek, steps, lists, starts, budget)
     budget = budget - taken
     if #rest > 0 then
       -- This call's lists go after the ones already open, which are continued first.
@@ -173,7 +173,7 @@ local function releaseMany(ek, steps, open)
       parents[#parents + 1] = parent
       starts[#starts + 1] = tonumber(pos)
     end
-    local more, rest = releaseLists(parents, hmgetMany(ek.children, parents), starts, budget, ek)
+    local more, rest = releaseLists(ek, parents, hmgetMany(ek.children, parents), starts, budget)
     readied = readied + more
     open = keepReleasing(ek, before, '', rest)
   end
