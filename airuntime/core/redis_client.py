@@ -15,6 +15,7 @@ client around types it :data:`RedisClient`.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 from collections.abc import Awaitable, Sequence
@@ -34,10 +35,16 @@ from redis.asyncio.connection import Connection, SSLConnection
 from redis.exceptions import CrossSlotTransactionError, RedisClusterException
 
 from airuntime.core.connection_pool import LeanConnectionPool
-from airuntime.core.resp_packing import hiredis_connection_class, use_hiredis_packing
+from airuntime.core.pipelined_connection import PipelinedConnection
+from airuntime.core.resp_packing import (
+    hiredis_connection_class,
+    pack_command,
+    use_hiredis_packing,
+)
 from airuntime.core.slots import command_keys, slots_of
 
 __all__ = [
+    "BLOCKING_COMMANDS",
     "CLUSTER_ENV",
     "CLUSTER_MAX_CONNECTIONS",
     "CLUSTER_SCHEME",
@@ -68,6 +75,8 @@ class CountingRedis(Redis):
     """``redis.asyncio.Redis`` that counts client round trips in ``round_trips``."""
 
     round_trips: int = 0
+    _pipelined: PipelinedConnection | None = None
+    _opening: asyncio.Future[PipelinedConnection] | None = None
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         self.round_trips += 1
@@ -77,18 +86,71 @@ class CountingRedis(Redis):
         """``commands`` in one round trip without MULTI (each atomic on its own, run in
         this order): each one's raw reply, or the ``ResponseError`` it answered.
 
-        What a redis-py pipeline of raw commands does, without the pipeline: no
-        Pipeline object, command stack or reset, no per-command HIMPORT check or
-        response callback (the callers send scripts, whose replies have none), no
-        OpenTelemetry bookkeeping -- ~50 µs of client CPU less a round trip on this
-        project's 2-core box (a pipeline of two EVALSHA: 210-240 -> 160-170 µs). The
-        rest is redis-py's: the connection from the client's pool, health checks, the
-        connection's ``Retry`` on a connection or timeout error as a pipeline has it
-        (:func:`connect` configures none: a lost connection raises, and the caller's
-        transient-error retry decides, :mod:`airuntime.core.transient`), and a
-        connection interrupted in the middle of the exchange (an error, a cancel)
-        closed before it goes back, so no later borrower reads these replies."""
+        Sent on the client's :class:`~airuntime.core.pipelined_connection.
+        PipelinedConnection` (one per client, opened on first use by the event loop
+        that uses it first; batches of concurrent callers share it, in flight at once),
+        not through redis-py's pool: no pipeline object, pool checkout or timeout per
+        read (see that module for the figures and for how faults surface: a lost
+        connection or a silent server raises in every batch in flight, and the next
+        call opens a new connection; the caller's transient-error retry decides, as
+        :mod:`airuntime.core.transient` says). A call from another event loop (a client
+        shared by two ``asyncio.run``) borrows a pooled connection instead.
+
+        A blocking command (``BLPOP``, ``XREAD``...) would hold every batch behind it
+        on the shared connection: it is refused (``ValueError``), as is an empty batch."""
+        if not commands:
+            raise ValueError("send_batch: no commands")
+        for command in commands:
+            name = command[0]
+            if name != "EVALSHA" and _command_name(name) in BLOCKING_COMMANDS:
+                raise ValueError(
+                    f"send_batch: {_command_name(name)} blocks the connection every batch "
+                    "shares; send it with execute_command on a client of its own"
+                )
         self.round_trips += 1
+        loop = asyncio.get_running_loop()
+        channel = self._pipelined
+        if channel is None or channel.closed:
+            channel = await self._open_pipelined(loop)
+        if channel.loop is not loop:
+            return await self._pooled_batch(commands)
+        return await channel.exchange([pack_command(c) for c in commands], len(commands))
+
+    async def _open_pipelined(self, loop: asyncio.AbstractEventLoop) -> PipelinedConnection:
+        """The pipelined connection, opened once for all the callers that need it now."""
+        if self._pipelined is not None and self._pipelined.loop is not loop:
+            if not self._pipelined.loop.is_closed():
+                return self._pipelined  # another live loop's: this call borrows from the pool
+            self._pipelined = None
+        opening = self._opening
+        if opening is None or opening.get_loop() is not loop:
+            opening = self._opening = loop.create_future()
+            try:
+                connection = self.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+                channel = await PipelinedConnection.open(connection)
+            except BaseException as exc:
+                self._opening = None
+                # The callers waiting on this opening (if any) raise a transient error,
+                # a cancelled opener's too: their own retries open it again.
+                shared = (
+                    exc
+                    if isinstance(exc, Exception)
+                    else redis_errors.ConnectionError(
+                        f"opening a connection was interrupted ({type(exc).__name__})"
+                    )
+                )
+                opening.set_exception(shared)
+                opening.exception()  # retrieved: nobody may be waiting
+                raise
+            self._pipelined, self._opening = channel, None
+            opening.set_result(channel)
+            return channel
+        return await asyncio.shield(opening)
+
+    async def _pooled_batch(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """``commands`` on a connection of the pool (redis-py's connection handling: a
+        connection interrupted in the middle of the exchange is closed before it goes
+        back, so no later borrower reads these replies)."""
         pool = self.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
@@ -103,9 +165,31 @@ class CountingRedis(Redis):
         finally:
             await pool.release(connection)
 
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        channel, self._pipelined = self._pipelined, None
+        if channel is not None and not channel.loop.is_closed():
+            channel.close()
+        await super().aclose(close_connection_pool)
+
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
         self.round_trips += 1
         return super().pipeline(transaction=transaction, shard_hint=shard_hint)
+
+
+BLOCKING_COMMANDS = frozenset(
+    {
+        "BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BLMPOP", "BZPOPMIN", "BZPOPMAX",
+        "BZMPOP", "XREAD", "XREADGROUP", "WAIT", "WAITAOF", "SUBSCRIBE", "PSUBSCRIBE",
+        "SSUBSCRIBE", "MONITOR",
+    }
+)  # fmt: skip
+"""Commands :meth:`CountingRedis.send_batch` refuses: they hold (or take over) the
+connection every batch shares."""
+
+
+def _command_name(name: Any) -> str:
+    text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+    return text.split(" ", 1)[0].upper()
 
 
 async def _exchange(connection: Connection, packed: Any, count: int) -> list[Any]:

@@ -27,7 +27,7 @@ for, so it is not bounded at all: ``drain()`` returns at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import hiredis
@@ -43,32 +43,38 @@ __all__ = [
     "HiredisPacking",
     "TaskFreeSend",
     "hiredis_connection_class",
+    "pack_command",
     "use_hiredis_packing",
 ]
+
+
+def pack_command(args: Sequence[Any]) -> bytes:
+    """One command's bytes, as redis-py packs them, by hiredis."""
+    # As redis-py's packers: a command given as "CONFIG GET" is two arguments.
+    if isinstance(args[0], str):
+        words = args[0].split()
+        if len(words) != 1 or words[0] != args[0]:  # the usual one word passes as is
+            args = (*args[0].encode().split(), *args[1:])
+    elif b" " in args[0]:
+        args = (*args[0].split(), *args[1:])
+    try:
+        return hiredis.pack_command(tuple(args))  # type: ignore[no-any-return]
+    except TypeError:
+        pass
+    # Rare: hiredis takes bytes, str, int and float; redis-py also bytearray and
+    # memoryview. Converting only here keeps the common call one C call.
+    args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+    try:
+        return hiredis.pack_command(args)  # type: ignore[no-any-return]
+    except TypeError as exc:
+        raise DataError(str(exc)) from None
 
 
 class HiredisPacking:
     """Mixin for a redis-py asyncio connection class: ``pack_command`` by hiredis."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        # As redis-py's packers: a command given as "CONFIG GET" is two arguments.
-        if isinstance(args[0], str):
-            words = args[0].split()
-            if len(words) != 1 or words[0] != args[0]:  # the usual one word passes as is
-                args = (*args[0].encode().split(), *args[1:])
-        elif b" " in args[0]:
-            args = (*args[0].split(), *args[1:])
-        try:
-            return [hiredis.pack_command(args)]
-        except TypeError:
-            pass
-        # Rare: hiredis takes bytes, str, int and float; redis-py also bytearray and
-        # memoryview. Converting only here keeps the common call one C call.
-        args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
-        try:
-            return [hiredis.pack_command(args)]
-        except TypeError as exc:
-            raise DataError(str(exc)) from None
+        return [pack_command(args)]
 
 
 class TaskFreeSend(AbstractConnection):

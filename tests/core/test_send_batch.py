@@ -1,26 +1,35 @@
-"""``CountingRedis.send_batch``: commands in one round trip without a redis-py pipeline,
-with what a pipeline guarantees, on a real server.
+"""``CountingRedis.send_batch``: commands in one round trip, every batch of a client on
+its one pipelined connection (:mod:`airuntime.core.pipelined_connection`), on a real
+server.
 
-* Replies come back in order, an error reply as its exception, one round trip counted,
-  and the connection goes back with nothing unread.
-* A connection lost inside a batch raises, as a pipeline's does, and the next batch
-  runs on a new connection.
-* A batch cancelled while its reply is still to come closes its connection: the next
-  borrower of the pool never reads that reply.
+* Replies come back in order, an error reply as its exception, one round trip counted.
+* Hundreds of batches in flight at once on the one connection each get their own
+  replies; so do the batches sent after some callers gave up (cancelled): the replies
+  nobody waits for any more are read and dropped, the connection stays in step.
+* A connection lost inside a batch raises, as a pipeline's does, in every batch in
+  flight, and the next batch runs on a new connection. A server that stops answering
+  times the batches out after ``socket_timeout``; once it is back the next batch works.
+* A blocking command is refused before anything is sent; closing the client closes
+  the connection; a client used by a second event loop still works; RESP3 push
+  messages between replies are skipped.
 * The script library sends through it: a script-cache loss is still repaired.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from airuntime.core.redis_client import CountingRedis, connect
 from airuntime.core.scripts import ScriptCall, library
+from airuntime.devstack.embedded import EmbeddedServer
 from tests.conftest import RedisServerInfo
 from tests.control_plane.support import wait_for
 
@@ -33,10 +42,15 @@ def _client(url: str, **options: object) -> CountingRedis:
     return client
 
 
+async def _channel_id(client: CountingRedis) -> int:
+    [client_id] = await client.send_batch([("CLIENT", "ID")])
+    return int(client_id)
+
+
 async def test_replies_in_order_an_error_as_its_exception_one_round_trip(
     redis_server: RedisServerInfo,
 ) -> None:
-    client = _client(redis_server.url, max_connections=1)
+    client = _client(redis_server.url)
     try:
         await client.delete("sb:n")
         before = client.round_trips
@@ -47,9 +61,84 @@ async def test_replies_in_order_an_error_as_its_exception_one_round_trip(
         assert replies[0] == 1 and replies[2] == 2
         assert isinstance(replies[1], ResponseError) and "WRONGTYPE" in str(replies[1])
         assert isinstance(replies[3], NoScriptError)
-        [connection] = client.connection_pool._available_connections
-        assert not await connection.can_read(), "every reply was read"
-        assert await client.send_batch([("GET", "sb:n")]) == [b"2"]
+        assert await client.send_batch([("GET", "sb:n")]) == [b"2"], "nothing left unread"
+    finally:
+        await client.aclose()
+
+
+async def test_hundreds_of_batches_in_flight_share_one_connection_each_with_its_replies(
+    redis_server: RedisServerInfo,
+) -> None:
+    client = _client(redis_server.url)
+    n = 300
+    start = asyncio.Event()
+
+    async def one(i: int) -> list[object]:
+        await start.wait()  # every batch is sent in the same loop turn
+        return await client.send_batch(
+            [("SET", f"sb:c{i}", i), ("INCRBY", f"sb:c{i}", i), ("CLIENT", "ID")]
+        )
+
+    try:
+        tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        await asyncio.sleep(0)  # every task waits on the start line
+        start.set()
+        replies = await asyncio.gather(*tasks)
+        assert [r[:2] for r in replies] == [[b"OK", 2 * i] for i in range(n)]
+        assert len({r[2] for r in replies}) == 1, "one connection carried every batch"
+    finally:
+        await client.aclose()
+
+
+async def test_batches_whose_callers_gave_up_leave_the_connection_in_step(
+    redis_server: RedisServerInfo,
+) -> None:
+    """Half of the batches are cancelled after they were written and before their
+    replies arrived: the other half, and the batches sent after, get their own replies
+    (redis-py had to drop a connection whose reply would never be read)."""
+    client = _client(redis_server.url)
+    try:
+        await client.set("sb:k", "mine")
+        channel = await _channel_id(client)
+        tasks = [
+            asyncio.create_task(client.send_batch([("INCR", f"sb:g{i}"), ("ECHO", f"e{i}")]))
+            for i in range(100)
+        ]
+        await asyncio.sleep(0)  # every batch is written; no reply has been read yet
+        for task in tasks[::2]:
+            task.cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        for i, result in enumerate(done):
+            if i % 2:
+                assert result == [1, f"e{i}".encode()]
+            else:
+                assert isinstance(result, asyncio.CancelledError)
+        assert await client.send_batch([("GET", "sb:k")]) == [b"mine"]
+        assert await _channel_id(client) == channel, "the same connection, still in step"
+        assert await client.mget([f"sb:g{i}" for i in range(100)]) == [b"1"] * 100, (
+            "a cancelled batch that was written still ran, as a lone EVALSHA would"
+        )
+    finally:
+        await client.aclose()
+
+
+async def test_callers_waiting_on_an_interrupted_opening_get_a_transient_error(
+    redis_server: RedisServerInfo,
+) -> None:
+    """The first caller of a new client opens the connection and the others wait for
+    it; the opener is cancelled: the others get a connection error (their retries open
+    it again), not a cancellation of their own, and the next batch works."""
+    client = _client(redis_server.url)
+    try:
+        tasks = [asyncio.create_task(client.send_batch([("PING",)])) for _ in range(10)]
+        await asyncio.sleep(0)  # the first is opening, the others wait for it
+        tasks[0].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError)
+        for result in results[1:]:
+            assert isinstance(result, RedisConnectionError), result
+            assert "interrupted (CancelledError)" in str(result)
+        assert await client.send_batch([("PING",)]) == [b"PONG"]
     finally:
         await client.aclose()
 
@@ -58,46 +147,144 @@ async def test_a_connection_lost_inside_a_batch_raises_and_the_next_batch_gets_a
     redis_server: RedisServerInfo,
 ) -> None:
     """The batch's first command makes the server close this very connection, so no
-    reply comes: a ``ConnectionError``, as from a redis-py pipeline (``connect()``'s
-    clients retry nothing themselves; the caller's transient-error retry decides). The
-    connection is dropped, and the next batch runs on a new one."""
-    client = _client(redis_server.url, max_connections=1)
+    reply comes: a ``ConnectionError`` in it and in the batch sent behind it, as from
+    a redis-py pipeline (``connect()``'s clients retry nothing themselves; the caller's
+    transient-error retry decides). The next batch runs on a new connection."""
+    client = _client(redis_server.url)
     try:
         await client.set("sb:k", "v")
-        first = await client.client_id()
-        with pytest.raises(RedisConnectionError):
-            await client.send_batch(
-                [("CLIENT", "KILL", "ID", first, "SKIPME", "no"), ("GET", "sb:k")]
-            )
-        assert await client.send_batch([("GET", "sb:k"), ("CLIENT", "ID")]) == [
-            b"v",
-            await client.client_id(),
-        ]
-        assert await client.client_id() != first
+        first = await _channel_id(client)
+        killing = asyncio.create_task(
+            client.send_batch([("CLIENT", "KILL", "ID", first, "SKIPME", "no"), ("GET", "sb:k")])
+        )
+        behind = asyncio.create_task(client.send_batch([("GET", "sb:k")]))
+        for task in (killing, behind):
+            with pytest.raises(RedisConnectionError, match="lost"):
+                await task
+        assert await client.send_batch([("GET", "sb:k")]) == [b"v"]
+        assert await _channel_id(client) != first
     finally:
         await client.aclose()
 
 
-async def test_a_batch_cancelled_before_its_reply_leaves_no_reply_for_the_next_borrower(
+async def test_a_server_that_stops_answering_times_the_batches_out_and_is_used_again() -> None:
+    server = EmbeddedServer().start()
+    client = _client(server.url, socket_timeout=0.5)
+    try:
+        await client.send_batch([("SET", "sb:before", 1)])
+        first = await _channel_id(client)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            waiting = [
+                asyncio.create_task(client.send_batch([("GET", "sb:before")])) for _ in range(3)
+            ]
+            for task in waiting:
+                with pytest.raises(RedisTimeoutError, match="Timeout reading from"):
+                    await task
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert await client.send_batch([("GET", "sb:before")]) == [b"1"]
+        assert await _channel_id(client) != first, "the silent connection was dropped"
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_slow_replies_within_the_timeout_are_waited_for_past_it_in_all() -> None:
+    """The watchdog counts silence, not time since it was armed: six scripts of ~0.2 s,
+    one after the other with another batch queued behind each, last 1.2 s in all, twice
+    ``socket_timeout``, and every one is answered. (Valkey writes the replies of what
+    it read in one go after running it all, so a pipeline of slow scripts is silent for
+    their sum: as long as with redis-py's per-read timeout.)"""
+    server = EmbeddedServer().start()
+    client = _client(server.url, socket_timeout=0.6)
+    spin = "local n = 0; for i = 1, tonumber(ARGV[1]) do n = n + 1 end; return n"
+    try:
+        loop = asyncio.get_running_loop()
+        await client.send_batch([("EVAL", spin, 0, 1)])  # connected, script compiled
+        sent = loop.time()
+        await client.send_batch([("EVAL", spin, 0, 2_000_000)])
+        count = int(0.2 / ((loop.time() - sent) / 2_000_000))
+        sent = loop.time()
+        for _ in range(6):
+            replies = await asyncio.gather(
+                client.send_batch([("EVAL", spin, 0, count)]), client.send_batch([("PING",)])
+            )
+            assert list(replies) == [[count], [b"PONG"]]
+        assert loop.time() - sent > 0.6, "longer in all than the timeout"
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_a_blocking_command_is_refused_before_anything_is_sent(
+    redis_server: RedisServerInfo,
+) -> None:
+    client = _client(redis_server.url)
+    try:
+        for command in (("BLPOP", "sb:q", 1), (b"xread", "BLOCK", 0, "STREAMS", "s", "$")):
+            with pytest.raises(ValueError, match=r"BLPOP|XREAD"):
+                await client.send_batch([("GET", "sb:k"), command])
+        with pytest.raises(ValueError, match="no commands"):
+            await client.send_batch([])
+        assert client.round_trips == 0
+    finally:
+        await client.aclose()
+
+
+async def test_closing_the_client_closes_its_connection(
     redis_server: RedisServerInfo, redis: Redis
 ) -> None:
-    client = _client(redis_server.url, max_connections=1)
+    client = _client(redis_server.url)
+    await client.send_batch([("CLIENT", "SETNAME", "sb-closing")])
+
+    async def named() -> int:
+        return sum(1 for c in await redis.client_list() if c.get("name") == "sb-closing")
+
+    async def closed() -> bool:
+        return await named() == 0
+
+    assert await named() == 1
+    await client.aclose()
+    await wait_for(closed, interval_s=0.01, what="the connection to close")
+
+
+def test_a_client_closed_in_one_event_loop_sends_again_in_the_next(
+    redis_server: RedisServerInfo,
+) -> None:
+    """Two ``asyncio.run`` with one client, closed at the end of each (a connection
+    belongs to the loop that made it, as redis-py's do): the second opens its own."""
+    client = _client(redis_server.url)
+
+    async def use(value: int) -> list[object]:
+        try:
+            return await client.send_batch([("SET", "sb:loops", value), ("GET", "sb:loops")])
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(use(1)) == [b"OK", b"1"]
+    assert asyncio.run(use(2)) == [b"OK", b"2"]
+
+
+async def test_push_messages_between_replies_are_skipped(
+    redis_server: RedisServerInfo, redis: Redis
+) -> None:
+    """RESP3: with client-side caching on, the server pushes an invalidation onto the
+    connection when a read key changes; the replies around it still reach their
+    batches."""
+    client = _client(redis_server.url, protocol=3)
     try:
-        await client.delete("sb:q")
-        await client.set("sb:k", "mine")
-        waiting = asyncio.create_task(client.send_batch([("BLPOP", "sb:q", 30)]))
-
-        async def blocked() -> bool:
-            return int((await redis.info("clients"))["blocked_clients"]) == 1
-
-        # The server holds the BLPOP: its reply is still to come.
-        await wait_for(blocked, interval_s=0.005, what="the BLPOP to block")
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        await redis.rpush("sb:q", "theirs")  # would be the BLPOP's reply on that socket
-        assert await client.send_batch([("GET", "sb:k")]) == [b"mine"]
-        assert await redis.lrange("sb:q", 0, -1) == [b"theirs"], "no BLPOP took it"
+        await redis.set("sb:tracked", "a")
+        tracking = [("CLIENT", "TRACKING", "ON"), ("GET", "sb:tracked")]
+        assert await client.send_batch(tracking) == [b"OK", b"a"]
+        await redis.set("sb:tracked", "b")  # an invalidation push for the connection
+        for _ in range(3):
+            assert await client.send_batch([("GET", "sb:tracked"), ("ECHO", "x")]) == [
+                b"b",
+                b"x",
+            ]
+            await redis.set("sb:tracked", "b")
     finally:
         await client.aclose()
 
