@@ -31,8 +31,11 @@ What a caller sees is what :meth:`send_batch` gave before:
 * a caller cancelled while it waits leaves its batch in the FIFO: the replies are read
   and dropped, so the connection stays in step (redis-py had to drop the connection).
 
-Every error is transient for :mod:`airuntime.core.transient`: the callers' retries
-decide, as before. Push messages (RESP3: client-side caching, maintenance notices,
+The connection and timeout errors are transient for :mod:`airuntime.core.transient`:
+the callers' retries decide, as before (a protocol error, a stream that cannot be
+trusted, is raised as redis-py's ``InvalidResponse`` and drops the connection too).
+Blocking commands do not belong here (they would hold every batch behind them:
+:meth:`~airuntime.core.redis_client.CountingRedis.send_batch` refuses them). Push messages (RESP3: client-side caching, maintenance notices,
 which airuntime does not subscribe to) are skipped.
 """
 
