@@ -12,6 +12,8 @@ server.
 * A blocking command is refused before anything is sent; closing the client closes
   the connection; a client used by a second event loop still works; RESP3 push
   messages between replies are skipped.
+* Over TLS (Debian's redis-server, which is built with it) the same: batches in flight
+  together, megabytes a batch, a lost connection replaced.
 * The script library sends through it: a script-cache loss is still repaired.
 """
 
@@ -20,6 +22,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -30,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from airuntime.core.redis_client import CountingRedis, connect
 from airuntime.core.scripts import ScriptCall, library
 from airuntime.devstack.embedded import EmbeddedServer
-from tests.conftest import RedisServerInfo
+from tests.conftest import REDIS7_EXECUTABLE, REDIS7_MISSING, RedisServerInfo
 from tests.control_plane.support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -318,5 +324,68 @@ async def test_scripts_sent_in_batches_are_loaded_again_after_a_cache_loss(
         assert in_order == [0, 0, 0, 0]
         assert await client.zrange(holders[2], 0, -1) == [b"h2"]
         assert client.round_trips > before + 1, "refused, loaded, sent again"
+    finally:
+        await client.aclose()
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A TLS-only port of Debian's redis-server with a certificate of a CA made here;
+    the URL of that port, trusting the CA."""
+    if not os.access(REDIS7_EXECUTABLE, os.X_OK):
+        pytest.skip(REDIS7_MISSING)
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+             "/CN=airuntime-test-ca", "-keyout", d / "ca.key", "-out", d / "ca.crt")  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+             "-keyout", d / "server.key", "-out", d / "server.csr")  # fmt: skip
+    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", d / "server.csr", "-CA", d / "ca.crt", "-CAkey",
+             d / "ca.key", "-CAcreateserial", "-days", "2", "-extfile", d / "ext.cnf",
+             "-out", d / "server.crt")  # fmt: skip
+    for _ in range(5):  # a free port may be taken between the probe and the bind
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        tls = ["--tls-port", str(port), "--tls-cert-file", str(d / "server.crt"),
+               "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file",
+               str(d / "ca.crt"), "--tls-auth-clients", "no"]  # fmt: skip
+        server = EmbeddedServer(executable=REDIS7_EXECUTABLE, extra_args=tls)
+        try:
+            server.start()
+        except Exception:
+            continue
+        try:
+            yield f"rediss://localhost:{port}/0?ssl_ca_certs={d / 'ca.crt'}"
+        finally:
+            server.stop()
+        return
+    pytest.fail("no free port for the TLS server after 5 attempts")
+
+
+async def test_batches_over_tls_share_the_connection_carry_megabytes_and_reconnect(
+    tls_server: str,
+) -> None:
+    client = _client(tls_server, socket_timeout=5)
+    big = "x" * (4 << 20)
+    try:
+        replies = await asyncio.gather(
+            *(
+                client.send_batch([("SET", f"sb:tls{i}", big), ("STRLEN", f"sb:tls{i}")])
+                for i in range(5)
+            )
+        )
+        assert replies == [[b"OK", 4 << 20]] * 5
+        first = await _channel_id(client)
+        with pytest.raises(RedisConnectionError):
+            await client.send_batch(
+                [("CLIENT", "KILL", "ID", first, "SKIPME", "no"), ("STRLEN", "sb:tls0")]
+            )
+        assert await client.send_batch([("STRLEN", "sb:tls0")]) == [4 << 20]
+        assert await _channel_id(client) != first
     finally:
         await client.aclose()
