@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airuntime.core.errors import (
     EngineError,
@@ -134,7 +134,8 @@ class StepRun:
                 self.part.stats.crashed_steps += 1
                 self.lease = None  # a crashed holder cannot release; its TTL frees the scope
         finally:
-            await self._release_lease()
+            if self.lease is not None:  # a throttled step's (most have none: no await)
+                await self._release_lease()
             self.part.attempt_ended(self, outcome, loop.time() - started)
 
     async def _attempt(self) -> AttemptOutcome:
@@ -178,12 +179,9 @@ class StepRun:
             with contextlib.suppress(Exception):
                 await self.part.pool.leases.release(scope, holder)
 
-    async def _context(self, step: PlanStep) -> StepContext:
+    def _context(self, step: PlanStep, outputs: dict[str, Any]) -> StepContext:
+        """The handler's context, from the step's referenced ``outputs`` (resolved)."""
         claim, part = self.claim, self.part
-        outputs = claim.ref_outputs
-        payloads = part.pool.payloads
-        if payloads is not None and outputs:
-            outputs = await payloads.resolve(outputs, part.tenant_id)
         try:
             inputs = resolve(step.inputs, outputs, part.run_inputs)
         except Exception as exc:
@@ -202,7 +200,10 @@ class StepRun:
     async def _execute(self, step: PlanStep) -> str:
         pool = self.part.pool
         handler = pool.registry.get(step.handler)
-        ctx = self.ctx = await self._context(step)
+        outputs = self.claim.ref_outputs
+        if pool.payloads is not None and outputs:  # offloaded outputs are fetched first
+            outputs = await pool.payloads.resolve(outputs, self.part.tenant_id)
+        ctx = self.ctx = self._context(step, outputs)
         self.in_handler = True
         try:
             # asyncio.timeout, not wait_for: no second task per attempt; and none at all
