@@ -34,9 +34,9 @@ What a caller sees is what :meth:`send_batch` gave before:
 The connection and timeout errors are transient for :mod:`airuntime.core.transient`:
 the callers' retries decide, as before (a protocol error, a stream that cannot be
 trusted, is raised as redis-py's ``InvalidResponse`` and drops the connection too).
-Blocking commands do not belong here (they would hold every batch behind them:
-:meth:`~airuntime.core.redis_client.CountingRedis.send_batch` refuses them). Push messages (RESP3: client-side caching, maintenance notices,
-which airuntime does not subscribe to) are skipped.
+Blocking commands do not belong here (they would hold every batch behind them;
+``CountingRedis.send_batch`` refuses them). Push messages (RESP3: client-side
+caching, maintenance notices, which airuntime does not subscribe to) are skipped.
 """
 
 from __future__ import annotations

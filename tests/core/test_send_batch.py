@@ -77,9 +77,14 @@ async def test_hundreds_of_batches_in_flight_share_one_connection_each_with_its_
 ) -> None:
     client = _client(redis_server.url)
     n = 300
-    start = asyncio.Event()
+    start, all_waiting = asyncio.Event(), asyncio.Event()
+    waiting = 0
 
     async def one(i: int) -> list[object]:
+        nonlocal waiting
+        waiting += 1
+        if waiting == n:
+            all_waiting.set()
         await start.wait()  # every batch is sent in the same loop turn
         return await client.send_batch(
             [("SET", f"sb:c{i}", i), ("INCRBY", f"sb:c{i}", i), ("CLIENT", "ID")]
@@ -87,7 +92,7 @@ async def test_hundreds_of_batches_in_flight_share_one_connection_each_with_its_
 
     try:
         tasks = [asyncio.create_task(one(i)) for i in range(n)]
-        await asyncio.sleep(0)  # every task waits on the start line
+        await all_waiting.wait()
         start.set()
         replies = await asyncio.gather(*tasks)
         assert [r[:2] for r in replies] == [[b"OK", 2 * i] for i in range(n)]
