@@ -531,7 +531,7 @@ def test_server_survives_exit_of_the_thread_that_started_it() -> None:
 
 CHILD_SCRIPT = textwrap.dedent(
     """\
-    import asyncio, os, signal, sys, time
+    import asyncio, os, signal, sys
     from airuntime.devstack.embedded import EmbeddedServer
     from airuntime.devstack.process_redis import redis_for_process
 
@@ -550,22 +550,22 @@ CHILD_SCRIPT = textwrap.dedent(
     elif mode == "with":
         with EmbeddedServer() as server:
             report(server)
-            time.sleep(600)
+            signal.pause()  # until the test's signal
     elif mode == "atexit":
         server = EmbeddedServer().start()
         report(server)
-        time.sleep(600)
+        signal.pause()
     elif mode == "asyncio":
         async def main():
             async with EmbeddedServer() as server:
                 report(server)
-                await asyncio.sleep(600)
+                await asyncio.get_running_loop().create_future()  # until cancelled
         asyncio.run(main())
     elif mode == "redis_for_process":
         with redis_for_process(unix_socket=True) as url:
             path = url[len("unix://"):].split("?")[0]
             print(0, os.path.dirname(path), flush=True)
-            time.sleep(600)
+            signal.pause()
     """
 )
 

@@ -110,18 +110,16 @@ class CountingRedis(Redis):
         self.round_trips += 1
         loop = asyncio.get_running_loop()
         channel = self._pipelined
+        if channel is not None and channel.loop is not loop:
+            if not channel.loop.is_closed():
+                return await self._pooled_batch(commands)  # another live loop's connection
+            channel = self._pipelined = None  # its loop is gone, and the connection with it
         if channel is None or channel.closed:
             channel = await self._open_pipelined(loop)
-        if channel.loop is not loop:
-            return await self._pooled_batch(commands)
         return await channel.exchange([pack_command(c) for c in commands], len(commands))
 
     async def _open_pipelined(self, loop: asyncio.AbstractEventLoop) -> PipelinedConnection:
         """The pipelined connection, opened once for all the callers that need it now."""
-        if self._pipelined is not None and self._pipelined.loop is not loop:
-            if not self._pipelined.loop.is_closed():
-                return self._pipelined  # another live loop's: this call borrows from the pool
-            self._pipelined = None
         opening = self._opening
         if opening is None or opening.get_loop() is not loop:
             opening = self._opening = loop.create_future()
