@@ -287,6 +287,78 @@ async def test_pause_blocks_new_claims_while_running_steps_drain(store: Executio
     assert len((await store.claim(eid, "w", 5, 30_000)).claims) == 2
 
 
+async def test_a_completion_hands_what_it_releases_to_its_slots_in_plan_order(
+    store: ExecutionStore,
+) -> None:
+    # Nothing else ready: the released steps go from pending straight to running, in
+    # the order the ready set would have given them, numbered after the claims before.
+    plan = plan_of({"r": [], "c": ["r"], "a": ["r"], "b": ["r"]})
+    children = [s.id for s in plan.steps if s.id != "r"]
+    eid = await store.create(plan)
+    (r,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    two = await store.complete(eid, "w", [("r", r.token, "w", "1")], claim_next=2)
+    assert (two.readied, [c.step_id for c in two.claims]) == (3, children[:2])
+    assert [c.sequence for c in two.claims] == [r.sequence + 1, r.sequence + 2]
+    states = await store.step_states(eid)
+    assert [states[s] for s in children] == ["running", "running", "ready"]
+    assert (await store.info(eid)).running == 2
+
+    eid = await store.create(plan)
+    (r,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    three = await store.complete(eid, "w", [("r", r.token, "w", "1")], claim_next=3)
+    assert [c.step_id for c in three.claims] == children
+    assert set((await store.step_states(eid)).values()) == {"completed", "running"}
+    info = await store.info(eid)
+    assert (info.running, info.completed, info.done) == (3, 1, 1)
+    items = [(c.step_id, c.token, "w", "1") for c in three.claims]
+    assert (await store.complete(eid, "w", items)).status == "Succeeded"
+
+    # Released by two completions of one batch, in the batch's order (k2's parent
+    # first): claimed in plan order all the same.
+    plan = plan_of({"p1": [], "p2": [], "k1": ["p2"], "k2": ["p1"]})
+    eid = await store.create(plan)
+    roots = {c.step_id: c for c in (await store.claim(eid, "w", 2, 30_000)).claims}
+    items = [(s, roots[s].token, "w", "1") for s in ("p1", "p2")]
+    both = await store.complete(eid, "w", items, claim_next=2)
+    assert [c.step_id for c in both.claims] == ["k1", "k2"]
+
+
+async def test_a_completion_claims_steps_ready_before_the_ones_it_releases(
+    store: ExecutionStore,
+) -> None:
+    # r releases x and y; x releases z. One slot each time: y, ready since r completed,
+    # is claimed before z, which x's completion released, as plan order says.
+    plan = plan_of({"r": [], "x": ["r"], "y": ["r"], "z": ["x"]})
+    order = [s.id for s in plan.steps]
+    assert order.index("x") < order.index("y") < order.index("z")
+    eid = await store.create(plan)
+    (r,) = (await store.claim(eid, "w", 1, 30_000)).claims
+    (x,) = (await store.complete(eid, "w", [("r", r.token, "w", "1")], claim_next=1)).claims
+    assert x.step_id == "x" and (await store.step_states(eid))["y"] == "ready"
+    after_x = await store.complete(eid, "w", [("x", x.token, "w", "1")], claim_next=1)
+    assert (after_x.readied, [c.step_id for c in after_x.claims]) == (1, ["y"])
+    assert (await store.step_states(eid))["z"] == "ready"
+    (y,) = after_x.claims
+    after_y = await store.complete(eid, "w", [("y", y.token, "w", "1")], claim_next=1)
+    assert [c.step_id for c in after_y.claims] == ["z"]
+
+
+async def test_steps_released_while_pausing_wait_ready_until_resumed(
+    store: ExecutionStore,
+) -> None:
+    eid = await store.create(plan_of({"a": [], "b": [], "c": ["a"]}))
+    claims = {c.step_id: c for c in (await store.claim(eid, "w", 2, 30_000)).claims}
+    assert await store.pause(eid, "op") == "Pausing"
+    r = await store.complete(eid, "w", [("a", claims["a"].token, "w", "1")], claim_next=5)
+    assert (r.status, r.claims, r.readied) == ("Pausing", [], 1)
+    assert (await store.step_states(eid))["c"] == "ready"
+    last = await store.complete(eid, "w", [("b", claims["b"].token, "w", "1")], claim_next=5)
+    assert (last.status, last.claims) == ("Paused", [])
+    assert (await store.info(eid)).running == 0
+    assert await store.resume(eid, "op") == "Running"
+    assert [c.step_id for c in (await store.claim(eid, "w", 5, 30_000)).claims] == ["c"]
+
+
 async def test_cancel_blocks_claims_drains_and_ends_cancelled(store: ExecutionStore) -> None:
     eid = await store.create(plan_of({"a": [], "b": [], "c": ["a"]}))
     (a,) = (await store.claim(eid, "w", 1, 30_000)).claims

@@ -2,7 +2,10 @@
 --- @include "emit"
 --- @include "readOutputs"
 --- @include "batchEntry"
--- Pop up to `want` steps from the plain ready set and claim them for `owner`:
+-- claimListed: claim `ok` (steps known to be Ready, numbered `numbers[i]` in their
+-- execution's claim sequence) for `owner`; claimReady: pop up to `want` steps from the
+-- plain ready set and claim them so, counting them in meta (or, given `counts`, in
+-- counts.claimSeq and counts.running, which the caller writes back). A claim is:
 -- status Running, a fresh claim token `<owner>#<claim seq>` (it names the owner: no
 -- owner field is written), lease expiry in the running set, and one
 -- `steps_claimed` ledger entry for the batch (`worker` the owner; `steps`, `attempts`,
@@ -10,28 +13,7 @@
 -- step). The whole batch costs a fixed number of hash and sorted-set commands (bulk)
 -- and one XADD. Appends [step, token, attempt, nrefs, refs...] per claim to `result`
 -- and returns the number claimed.
-local function claimReady(ek, owner, want, leaseMs, now, result)
-  if want <= 0 then return 0 end
-  local popped = redis.call('ZPOPMIN', ek.ready, want)
-  if #popped == 0 then return 0 end
-  local steps = {}
-  for i = 1, #popped, 2 do steps[(i + 1) / 2] = popped[i] end
-  local seq = redis.call('HINCRBY', ek.meta, 'claim_seq', #steps)
-  local first = seq - #steps
-  -- Defensive: a member of the ready set must be Ready. (Only a step whose
-  -- dependencies all completed is ever made Ready -- released, a root, moved back from
-  -- a retry wait or an expired claim -- so its pending counter is not read again: that
-  -- read was ~10% of a fan-out step's script time.)
-  local statuses = hmgetMany(ek.status, steps)
-  local ok, numbers, n = {}, {}, 0
-  for i, step in ipairs(steps) do
-    if statuses[i] == 'ready' then
-      n = n + 1
-      ok[n] = step
-      numbers[n] = first + i
-    end
-  end
-  if #ok == 0 then return 0 end
+local function claimListed(ek, owner, ok, numbers, leaseMs, now, result)
   local attempts = hmgetMany(ek.attempt, ok)
   local refs = hmgetMany(ek.refs, ok)
   -- Numbers become strings once, not once per step (redis.call formats each number
@@ -69,9 +51,60 @@ local function claimReady(ek, owner, want, leaseMs, now, result)
   hsetMany(ek.token, tk)
   hsetMany(ek.times, tm)
   zaddMany(ek.running, rn)
-  redis.call('HINCRBY', ek.meta, 'running', #ok)
+  return #ok
+end
+
+local function claimReady(ek, owner, want, leaseMs, now, result, counts)
+  if want <= 0 then return 0 end
+  local popped = redis.call('ZPOPMIN', ek.ready, want)
+  if #popped == 0 then return 0 end
+  local steps = {}
+  for i = 1, #popped, 2 do steps[(i + 1) / 2] = popped[i] end
+  local first
+  if counts then
+    first = counts.claimSeq
+    counts.claimSeq = first + #steps
+  else
+    first = redis.call('HINCRBY', ek.meta, 'claim_seq', #steps) - #steps
+  end
+  -- Defensive: a member of the ready set must be Ready. (Only a step whose
+  -- dependencies all completed is ever made Ready -- released, a root, moved back from
+  -- a retry wait or an expired claim -- so its pending counter is not read again: that
+  -- read was ~10% of a fan-out step's script time.)
+  local statuses = hmgetMany(ek.status, steps)
+  local ok, numbers, n = {}, {}, 0
+  for i, step in ipairs(steps) do
+    if statuses[i] == 'ready' then
+      n = n + 1
+      ok[n] = step
+      numbers[n] = first + i
+    end
+  end
+  if #ok == 0 then return 0 end
+  claimListed(ek, owner, ok, numbers, leaseMs, now, result)
+  if counts then
+    counts.running = counts.running + #ok
+  else
+    redis.call('HINCRBY', ek.meta, 'running', #ok)
+  end
   -- Every claim numbers itself from claim_seq (this one and claimStep's), so only the
   -- execution's first claim finds it at 0 and stamps started_at.
   if first == 0 then redis.call('HSETNX', ek.meta, 'started_at', now) end
   return #ok
+end
+
+-- Claim `steps` -- plain steps this call made Ready and held back from the ready set
+-- (enqueueMany's hand-off), in plan order -- for `owner` as claimReady would have
+-- after putting them there and popping them, without those writes and reads. The
+-- claim counters are `counts` (claimSeq, running: numbers the caller read from meta and
+-- writes back in its one meta write).
+local function claimHeld(ek, owner, steps, leaseMs, now, result, counts)
+  local first = counts.claimSeq
+  local numbers = {}
+  for i = 1, #steps do numbers[i] = first + i end
+  counts.claimSeq = first + #steps
+  counts.running = counts.running + #steps
+  claimListed(ek, owner, steps, numbers, leaseMs, now, result)
+  if first == 0 then redis.call('HSETNX', ek.meta, 'started_at', now) end
+  return #steps
 end

@@ -7,26 +7,35 @@
 --   local status, mayEnd = refreshStatus(ek)
 --   local final = mayEnd and finalizeIfDone(ek, now)
 -- and a call that finishes nothing pays one meta read, not two.
-local function refreshStatus(ek)
-  local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'waiting_input',
-    'status', 'done', 'total')
+
+-- The status and mayEnd of these meta values (strings as HMGET gives them, or nil;
+-- running, waitingInput, done and total as numbers): the rule both refreshStatus and a
+-- script that read the meta fields itself (completeSteps) apply.
+local function statusOf(terminal, control, failing, running, waitingInput, done, total)
   local status
-  local terminal = m[1] and m[1] ~= ''
-  if terminal then
-    status = m[1]
-  elseif m[2] == 'cancel' then
+  local ended = terminal and terminal ~= ''
+  if ended then
+    status = terminal
+  elseif control == 'cancel' then
     status = 'Cancelling'
-  elseif m[3] == '1' then
+  elseif failing == '1' then
     status = 'Failing'
-  elseif m[2] == 'pause' then
-    if tonumber(m[4] or '0') > 0 then status = 'Pausing' else status = 'Paused' end
-  elseif tonumber(m[5] or '0') > 0 then
+  elseif control == 'pause' then
+    if running > 0 then status = 'Pausing' else status = 'Paused' end
+  elseif waitingInput > 0 then
     status = 'WaitingForInput'
   else
     status = 'Running'
   end
+  local mayEnd = ended or control == 'cancel' or failing == '1' or done >= total
+  return status, mayEnd
+end
+
+local function refreshStatus(ek)
+  local m = redis.call('HMGET', ek.meta, 'terminal', 'control', 'failing', 'running', 'waiting_input',
+    'status', 'done', 'total')
+  local status, mayEnd = statusOf(m[1], m[2], m[3], tonumber(m[4] or '0'),
+    tonumber(m[5] or '0'), tonumber(m[7] or '0'), tonumber(m[8] or '0'))
   if m[6] ~= status then redis.call('HSET', ek.meta, 'status', status) end
-  local mayEnd = terminal or m[2] == 'cancel' or m[3] == '1'
-    or tonumber(m[7] or '0') >= tonumber(m[8] or '0')
   return status, mayEnd
 end

@@ -6,17 +6,39 @@
 -- step -- in a fixed number of commands (bulk) per call and at most releaseBudget()
 -- dependents a call; a longer release goes on in the calls that claim next.
 -- enqueueMany: make `steps` (counters at zero) ready; returns the number made ready
--- (input steps included).
-local function enqueueMany(ek, steps)
+-- (input steps included). With `held` (completeSteps, which claims next in the same
+-- call: a table {steps = {...}, inputs = 0}) and a plan of plain steps only, the steps
+-- are appended to held.steps instead and nothing is written: the caller either claims
+-- them at once (claimHeld) or writes them Ready after all (enqueueHeld) -- a chain's
+-- next step goes from pending to running without passing through the ready set.
+-- held.inputs counts the input steps made ready (WaitingForInput; added to the meta
+-- field `waiting_input` here), so the caller need not read that field again.
+
+-- Whether the execution's plan has throttled or input steps (the kind hash holds them;
+-- most plans have none, and then there is no throttled ready set either). With a
+-- `memo` table, read once a call.
+local function hasKinds(ek, memo)
+  if memo and memo.kinds ~= nil then return memo.kinds end
+  local kinds = redis.call('EXISTS', ek.kind) == 1
+  if memo then memo.kinds = kinds end
+  return kinds
+end
+
+local function enqueueMany(ek, steps, held)
   local statuses = hmgetMany(ek.status, steps)
   local cand = {}
   for i, step in ipairs(steps) do
     if statuses[i] == 'pending' then cand[#cand + 1] = step end
   end
   if #cand == 0 then return 0 end
-  -- Most plans have no throttled or input step: then there is no kind hash to read.
   local kinds = {}
-  if redis.call('EXISTS', ek.kind) == 1 then kinds = hmgetMany(ek.kind, cand) end
+  if hasKinds(ek, held) then
+    kinds = hmgetMany(ek.kind, cand)
+  elseif held then
+    local list = held.steps
+    for _, step in ipairs(cand) do list[#list + 1] = step end
+    return #cand
+  end
   local orders = hmgetMany(ek.order, cand)
   local st, plain, throttled = {}, {}, {}
   local inputs = 0
@@ -37,7 +59,10 @@ local function enqueueMany(ek, steps)
   hsetMany(ek.status, st)
   zaddMany(ek.ready, plain)
   zaddMany(ek.readyThrottled, throttled)
-  if inputs > 0 then redis.call('HINCRBY', ek.meta, 'waiting_input', inputs) end
+  if inputs > 0 then
+    redis.call('HINCRBY', ek.meta, 'waiting_input', inputs)
+    if held then held.inputs = held.inputs + inputs end
+  end
   return #cand
 end
 
@@ -54,7 +79,7 @@ local function releaseBudget() return 4096 end
 -- finished ({parent, next byte, parent, next byte, ...}) and the number of dependents
 -- taken (a dependent named by two lists is decremented once for each; nothing is
 -- decremented twice for one list).
-local function releaseLists(ek, parents, lists, starts, budget)
+local function releaseLists(ek, parents, lists, starts, budget, held)
   local dec, kids = {}, {}
   local nk, taken = 0, 0
   local rest = {}
@@ -125,7 +150,7 @@ local function releaseLists(ek, parents, lists, starts, budget)
     hsetMany(ek.pending, flat)
   end
   if #zero == 0 then return 0, rest, taken end
-  return enqueueMany(ek, zero), rest, taken
+  return enqueueMany(ek, zero, held), rest, taken
 end
 
 -- The meta field `releasing` after a call: the lists still `open` ("parent=next
@@ -148,8 +173,9 @@ end
 -- Release the dependents of the completed `steps` (at most releaseBudget() of them),
 -- then, with budget left, go on with the releases earlier calls left (`open`: meta
 -- field `releasing` as the caller read it, nil or '' when none). Returns the number of
--- steps made ready (input steps included) and `releasing` as it is now.
-local function releaseMany(ek, steps, open)
+-- steps made ready (input steps included) and `releasing` as it is now. `held`: see
+-- enqueueMany.
+local function releaseMany(ek, steps, open, held)
   open = open or ''
   local before = open
   local budget = releaseBudget()
@@ -159,7 +185,7 @@ local function releaseMany(ek, steps, open)
     local starts = {}
     for i = 1, #steps do starts[i] = 1 end
     local rest, taken
-    readied, rest, taken = releaseLists(ek, steps, lists, starts, budget)
+    readied, rest, taken = releaseLists(ek, steps, lists, starts, budget, held)
     budget = budget - taken
     if #rest > 0 then
       -- This call's lists go after the ones already open, which are continued first.
@@ -173,9 +199,38 @@ local function releaseMany(ek, steps, open)
       parents[#parents + 1] = parent
       starts[#starts + 1] = tonumber(pos)
     end
-    local more, rest = releaseLists(ek, parents, hmgetMany(ek.children, parents), starts, budget)
+    local more, rest = releaseLists(ek, parents, hmgetMany(ek.children, parents), starts, budget,
+      held)
     readied = readied + more
     open = keepReleasing(ek, before, '', rest)
   end
   return readied, open
+end
+
+-- Steps held back by enqueueMany that are not claimed in the same call: make them Ready
+-- as enqueueMany would have (status, and the plain ready set scored by plan order).
+local function enqueueHeld(ek, steps)
+  if #steps == 0 then return end
+  local orders = hmgetMany(ek.order, steps)
+  local st, ready = {}, {}
+  for i, step in ipairs(steps) do
+    local j = 2 * i
+    st[j - 1] = step; st[j] = 'ready'
+    ready[j - 1] = orders[i]; ready[j] = step
+  end
+  hsetMany(ek.status, st)
+  zaddMany(ek.ready, ready)
+end
+
+-- `steps` in plan order (the order the ready set pops them in: scored by plan
+-- position, which is unique).
+local function inPlanOrder(ek, steps)
+  if #steps < 2 then return steps end
+  local orders = hmgetMany(ek.order, steps)
+  local pos = {}
+  for i, step in ipairs(steps) do pos[step] = tonumber(orders[i]) end
+  local sorted = {}
+  for i, step in ipairs(steps) do sorted[i] = step end
+  table.sort(sorted, function(a, b) return pos[a] < pos[b] end)
+  return sorted
 end
