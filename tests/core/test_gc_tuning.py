@@ -98,3 +98,69 @@ def test_a_malformed_threshold_is_refused_naming_the_variable_and_value(value: s
         gen0_threshold_from_env({GC_GEN0_THRESHOLD_ENV: value})
     assert GC_GEN0_THRESHOLD_ENV in str(refused.value)
     assert repr(value) in str(refused.value)
+
+
+PAUSED_CHILD = textwrap.dedent(
+    """
+    import gc, json, threading, weakref
+    from airuntime.core.gc_tuning import collector_paused
+
+    class Node:
+        pass
+
+    seen = {}
+    with collector_paused():
+        seen["inside"] = gc.isenabled()
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        ref = weakref.ref(a)
+        del a, b
+        seen["cycle_kept_while_paused"] = ref() is not None
+    seen["after"] = gc.isenabled()
+    gc.collect()
+    seen["cycle_collected_after"] = ref() is None
+
+    try:
+        with collector_paused():
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    seen["after_raise"] = gc.isenabled()
+
+    gc.disable()
+    with collector_paused():
+        pass
+    seen["stays_off"] = not gc.isenabled()
+    gc.enable()
+
+    # Two threads' blocks overlapping: on again once both have ended.
+    inside = threading.Barrier(2)
+    leave = threading.Barrier(2)
+    def block():
+        with collector_paused():
+            inside.wait(10)
+            leave.wait(10)
+    threads = [threading.Thread(target=block) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    seen["after_threads"] = gc.isenabled()
+    print(json.dumps(seen))
+    """
+)
+
+
+def test_a_paused_collector_is_off_in_the_block_and_as_it_was_after() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PAUSED_CHILD], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(done.stdout) == {
+        "inside": False,
+        "cycle_kept_while_paused": True,
+        "after": True,
+        "cycle_collected_after": True,
+        "after_raise": True,
+        "stays_off": True,
+        "after_threads": True,
+    }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airuntime.core.gc_tuning import collector_paused
 from airuntime.engine.handlers import HandlerRegistry, default_registry
 from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.checks import (
@@ -78,6 +79,19 @@ def compile_pipeline(
     if python_modules is None:
         python_modules = handler_settings().python_handler_modules
     check_step_count(spec.steps, limits)
+    with collector_paused():  # a large plan is many objects, none of them garbage
+        return _compile(spec, registry, limits, allowed_handlers, python_modules)
+
+
+def _compile(
+    spec: PipelineSpec,
+    registry: HandlerRegistry,
+    limits: PipelineLimits,
+    allowed_handlers: Collection[str] | None,
+    python_modules: Collection[str],
+) -> Plan:
+    """:func:`compile_pipeline`'s checks and build, once the step count is known to be
+    within the limit."""
     problems: list[Problem] = []
     first = check_ids(spec.steps, problems)
     budget = SizeBudget(limits.max_pipeline_bytes)

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from airuntime.core.gc_tuning import collector_paused
 from airuntime.engine.pipeline.problems import PipelineError, Problem, fmt_value, format_loc
 from airuntime.engine.pipeline.spec import DEFAULT_LIMITS, PipelineLimits, PipelineSpec
 
@@ -86,7 +87,8 @@ def parse_pipeline(data: Any, *, source: str | None = None) -> PipelineSpec:
     if isinstance(data, PipelineSpec):
         return data
     try:
-        return PipelineSpec.model_validate(data)
+        with collector_paused():  # a large pipeline is many objects, none of them garbage
+            return PipelineSpec.model_validate(data)
     except ValidationError as exc:
         raise PipelineError(convert_validation_error(exc), source=source) from None
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from airuntime.core.gc_tuning import collector_paused
 from airuntime.engine.pipeline.loading import convert_validation_error
 from airuntime.engine.pipeline.spec import (
     DEFAULT_LIMITS,
@@ -149,13 +150,14 @@ class Plan:
     @functools.cached_property
     def _json(self) -> str:
         # Once per plan: a plan is immutable and one may serve many runs (PlanCache).
-        return json.dumps(
-            self.to_dict(),
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        )
+        with collector_paused():
+            return json.dumps(
+                self.to_dict(),
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            )
 
     @functools.cached_property
     def digest(self) -> str:
@@ -165,16 +167,17 @@ class Plan:
     @classmethod
     def from_json(cls, data: str | bytes) -> Plan:
         """Rebuild a plan stored with :meth:`to_json`; raises ``ValueError`` if malformed."""
-        doc = _parse_doc(data)
-        index = _index_steps(doc.steps)
-        return cls(
-            pipeline_id=doc.pipeline_id,
-            failure_policy=doc.failure_policy,
-            inputs=doc.inputs,
-            steps=_plan_steps(doc.steps),
-            index=index,
-            limits=PipelineLimits(**doc.limits.model_dump()),
-        )
+        with collector_paused():  # a large plan is many objects, none of them garbage
+            doc = _parse_doc(data)
+            index = _index_steps(doc.steps)
+            return cls(
+                pipeline_id=doc.pipeline_id,
+                failure_policy=doc.failure_policy,
+                inputs=doc.inputs,
+                steps=_plan_steps(doc.steps),
+                index=index,
+                limits=PipelineLimits(**doc.limits.model_dump()),
+            )
 
 
 class _ThrottleDoc(StrictModel):
