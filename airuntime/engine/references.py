@@ -260,6 +260,17 @@ def resolve(value: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -
     a key/index along the path is missing, and :class:`ReferenceSyntaxError` for malformed
     references (the compiler rejects those earlier).
     """
+    # The exact JSON types first: a step's inputs are parsed JSON/YAML, and the Mapping
+    # check (an ABC's isinstance) was a tenth of a fan-out step's worker Python.
+    kind = type(value)
+    if kind is dict:
+        return {k: resolve(v, outputs, inputs) for k, v in value.items()} if value else {}
+    if kind is str:
+        return _resolve_string(value, outputs, inputs)
+    if kind is list:
+        return [resolve(v, outputs, inputs) for v in value]
+    if value is None or kind is int or kind is float or kind is bool:
+        return value
     if isinstance(value, str):
         return _resolve_string(value, outputs, inputs)
     if isinstance(value, Mapping):

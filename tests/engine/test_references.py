@@ -233,9 +233,21 @@ def test_an_exact_reference_returns_any_json_value_unchanged(value: Any) -> None
     assert resolve({"k": ["${inputs.v}"]}, {}, {"v": value}) == {"k": [value]}
 
 
+def _containers(value: Any) -> list[int]:
+    """The ids of every dict and list in ``value``, nested ones included."""
+    if isinstance(value, dict):
+        return [id(value), *(i for v in value.values() for i in _containers(v))]
+    if isinstance(value, list):
+        return [id(value), *(i for v in value for i in _containers(v))]
+    return []
+
+
 @given(JSON.filter(lambda v: "${" not in repr(v)))
 def test_values_without_references_are_returned_unchanged(value: Any) -> None:
-    assert resolve(value, {}, {}) == value
+    resolved = resolve(value, {}, {})
+    assert resolved == value
+    # A copy all the way down: a handler that changes its inputs changes no plan.
+    assert not set(_containers(resolved)) & set(_containers(value))
     assert find_step_refs(value) == set()
 
 
