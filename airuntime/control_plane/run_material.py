@@ -27,6 +27,7 @@ from airuntime.core.execution_layout import execution_keys_for
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.slots import ensure_transaction_slot
+from airuntime.engine.pipeline import plan_json_of
 from airuntime.fleet.run_index import RunIndex
 from airuntime.history.records import ArchivedExecution
 from airuntime.history.store import HistoryStore
@@ -214,7 +215,7 @@ class MaterialLoader:
         meta = _hash(meta_raw)
         if not meta or plan_raw is None or meta.get("tenant_id", "") != tenant_id:
             return None
-        plan = json.loads(plan_raw)
+        plan = json.loads(plan_json_of(plan_raw))
         inputs = json.loads(meta["inputs"]) if meta.get("inputs") else {}
         context = json.loads(meta["context"]) if meta.get("context") else {}
         if snap_raw is not None:

@@ -39,7 +39,8 @@ key                                    type    content / written by
                                                snapshot, claim_seq, releasing (releases
                                                left for later calls: parent=next byte,...;
                                                includes/releaseMany). All scripts.
-``air:{e:E}:plan``                     string  compiled plan JSON (workers rebuild it). create.
+``air:{e:E}:plan``                     string  compiled plan: canonical JSON, zlib above 64 KiB
+                                               (``Plan.stored``; workers rebuild it). create.
 ``air:{e:E}:status``                   hash    step -> pending|ready|running|retry_wait|
                                                input_wait|completed|failed|skipped|cancelled.
 ``air:{e:E}:pending``                  hash    step -> number of unfinished dependencies. create,

@@ -86,7 +86,7 @@ def _create_args(
     (owner, count, lease ms), then seven values per step."""
     args: list[Any] = [
         eid,
-        plan.to_json(),
+        plan.stored(),
         plan.digest,
         plan.pipeline_id,
         plan.failure_policy,
@@ -527,7 +527,7 @@ class ExecutionStore:
             raise ExecutionNotFound(
                 f"Execution {execution_id} does not exist.", execution_id=execution_id
             )
-        return Plan.from_json(_s(raw))
+        return Plan.from_json(raw)  # text or compressed (Plan.stored)
 
     async def run_inputs(self, execution_id: str) -> dict[str, Any]:
         raw = await self.redis.hget(self.keys_of(execution_id).meta, "inputs")

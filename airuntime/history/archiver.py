@@ -43,6 +43,7 @@ from airuntime.core.reply_text import reply_text as _s
 from airuntime.core.run_layout import run_buckets_for
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.core.supervision import LoopContext
+from airuntime.engine.pipeline import plan_json_of
 from airuntime.history.errors import HistoryError, HistoryUnavailable
 from airuntime.history.records import (
     ArchivedEvent,
@@ -180,7 +181,7 @@ def _encoded(execution_id: str, hot: _Hot) -> EncodedExecution:
         status=m["terminal"],
         created_ms=int(m.get("created_at") or 0),
         finished_ms=_opt_int(m.get("finished_at")),
-        plan_json=_s(hot.plan),
+        plan_json=plan_json_of(hot.plan),
         inputs_json=m.get("inputs") or "{}",
         context_json=m.get("context") or "{}",
         snapshot_json=_s(hot.snapshot),

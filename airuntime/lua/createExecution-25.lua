@@ -15,7 +15,7 @@
     KEYS[24] air:executions (of the execution's bucket)
     KEYS[25] air:early-cancels (of the execution's bucket) (zset: id -> ms; the id is removed once applied)
     ARGV[1]  execution id
-    ARGV[2]  plan JSON
+    ARGV[2]  the plan as stored (Plan.stored: canonical JSON, or zlib of it behind a prefix)
     ARGV[3]  plan digest
     ARGV[4]  pipeline id
     ARGV[5]  failure policy (fail_fast | continue)

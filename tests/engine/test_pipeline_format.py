@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
 import tomllib
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,10 @@ from airuntime.engine.pipeline import (
     load_pipeline,
     load_plan,
     parse_pipeline,
+    plan_json_of,
 )
+from airuntime.engine.pipeline import plan as plan_module
+from airuntime.engine.pipeline.plan import COMPRESS_ABOVE_BYTES, COMPRESSED_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 #: built-ins only, whatever other tests register in the process-wide default registry
@@ -924,3 +929,48 @@ def test_a_handler_outside_the_tenants_allowlist_is_refused_naming_step_and_list
     )
     # no allowlist: the registry (and the platform's python modules) decide
     assert compile_pipeline(spec, REGISTRY, python_modules=["tests.engine.callables"]).steps
+
+
+def _wide(n: int) -> Plan:
+    """root -> n steps: n * ~240 bytes of plan JSON."""
+    steps = [step("root")] + [step(f"s{i}", depends_on=["root"]) for i in range(n)]
+    return compile_data(pipeline(*steps))
+
+
+def test_a_small_plan_is_stored_as_its_canonical_json() -> None:
+    plan = _wide(3)
+    assert plan.stored() == plan.to_json()
+    assert plan_json_of(plan.stored()) == plan.to_json()
+    assert plan_json_of(plan.to_json().encode()) == plan.to_json()
+
+
+def test_a_large_plan_is_stored_compressed_and_read_back_as_the_same_plan() -> None:
+    plan = _wide(1000)
+    text = plan.to_json()
+    assert len(text) > COMPRESS_ABOVE_BYTES
+    stored = plan.stored()
+    assert isinstance(stored, bytes) and stored.startswith(COMPRESSED_PREFIX)
+    assert len(stored) < len(text) / 10
+    assert plan_json_of(stored) == text
+    again = Plan.from_json(stored)
+    assert again == plan and again.digest == plan.digest
+    # The digest is the canonical JSON's, whichever form is stored.
+    assert plan.digest == hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_damaged_or_unbounded_compressed_plan_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stored = _wide(1000).stored()
+    assert isinstance(stored, bytes)
+    with pytest.raises(ValueError, match="damaged compressed data"):
+        plan_json_of(COMPRESSED_PREFIX + b"not zlib at all")
+    with pytest.raises(ValueError, match="truncated"):
+        plan_json_of(stored[: len(stored) // 2])
+    monkeypatch.setattr(plan_module, "MAX_PLAN_JSON_BYTES", 10_000)
+    bomb = COMPRESSED_PREFIX + zlib.compress(b" " * 10_001, 9)
+    with pytest.raises(ValueError, match="beyond 10000 bytes"):
+        plan_json_of(bomb)
+    assert plan_json_of(COMPRESSED_PREFIX + zlib.compress(b"{}" * 5_000)) == "{}" * 5_000
+    with pytest.raises(ValueError, match="damaged compressed data"):
+        Plan.from_json(COMPRESSED_PREFIX + b"\x78\x01garbage")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,13 +22,14 @@ from airuntime.core import keys
 from airuntime.core.redis_client import CountingRedisCluster
 from airuntime.core.supervision import Backoff, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.pipeline.plan import COMPRESSED_PREFIX
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 from airuntime.history import HistoryStore, open_history_store
 from airuntime.history import archiver as archiver_module
 from airuntime.history.archiver import Captured, ExecutionArchiver, capture_execution
 from airuntime.history.dsn import parse_dsn
 from airuntime.history.migrate import upgrade
-from tests.dags import plan_of
+from tests.dags import fan, plan_of
 from tests.history.conftest import settings
 from tests.history.hot import assert_archived_equals, run_executions
 from tests.postgres import POSTGRES_MISSING, PostgresServer, postgres_bin_dir, running_postgres
@@ -107,6 +109,21 @@ async def test_archive_equals_what_redis_held_then_settles(
         assert 0 < await redis.ttl(keys.execution_keys(eid).events) <= RETENTION_S
     assert archiver.stats.archived == 5
     assert await archiver.archive_once() == 0, "settled entries are never archived again"
+
+
+async def test_a_large_plan_stored_compressed_is_archived_as_its_json(
+    redis: Redis, history: HistoryStore
+) -> None:
+    store = ExecutionStore(redis)
+    plan = plan_of(fan(600))  # ~150 KB of plan JSON: stored compressed
+    eid = await store.create(plan, retention_s=RETENTION_S, archive_hold_s=HOLD_S)
+    assert (await redis.get(store.keys_of(eid).plan) or b"").startswith(COMPRESSED_PREFIX)
+    assert await WorkerPool(store, settings=PoolSettings(workers=64)).run(eid) == "Succeeded"
+    hot = await capture_execution(redis, eid)
+    assert await ExecutionArchiver(redis, history).archive_once() == 1
+    await assert_archived_equals(history, hot)
+    archived = await history.get_execution(eid, None)
+    assert archived is not None and archived.plan == json.loads(plan.to_json())
 
 
 async def test_a_refused_execution_holds_back_only_itself(

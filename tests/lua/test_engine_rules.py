@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 from redis.asyncio import RedisCluster
 
+from airuntime.control_plane.run_material import MaterialLoader
 from airuntime.core import keys
 from airuntime.core.errors import (
     ExecutionExists,
@@ -23,6 +24,7 @@ from airuntime.core.errors import (
 )
 from airuntime.core.redis_client import RedisClient, server_ms
 from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.pipeline.plan import COMPRESSED_PREFIX
 from airuntime.engine.status import ExecutionStatus
 from tests.control_plane.support import wait_for
 from tests.dags import chain, fan, plan_of
@@ -63,6 +65,21 @@ async def test_only_roots_are_ready_and_claims_follow_topological_order(
     states = await store.step_states(eid)
     assert states == {"a": "running", "b": "pending", "c": "running", "d": "pending"}
     assert (await store.claim(eid, "w", 10, 30_000)).claims == []
+
+
+async def test_a_large_plan_is_stored_compressed_and_read_back_by_workers_and_views(
+    store: ExecutionStore,
+) -> None:
+    plan = plan_of(fan(600))  # ~150 KB of plan JSON
+    eid = await store.create(plan, execution_id="big-plan")
+    raw = await store.redis.get(store.keys_of(eid).plan)
+    assert isinstance(raw, bytes) and raw.startswith(COMPRESSED_PREFIX)
+    assert len(raw) < len(plan.to_json()) / 10
+    assert (await store.load_plan(eid)).digest == plan.digest
+    # The digest is the JSON's: creating the same execution again is recognised.
+    assert await store.create(plan, execution_id="big-plan") == eid
+    material = await MaterialLoader(store.redis, None).execution(eid, "")
+    assert material is not None and material.plan == json.loads(plan.to_json())
 
 
 async def test_claim_errors_name_the_execution_and_step(store: ExecutionStore) -> None:

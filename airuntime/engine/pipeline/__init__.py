@@ -18,7 +18,13 @@ Every problem is reported as a :class:`PipelineError` whose lines read
 from airuntime.engine.pipeline.builder import Pipeline, StepRef
 from airuntime.engine.pipeline.compile import compile_pipeline, load_plan
 from airuntime.engine.pipeline.loading import load_pipeline, parse_pipeline
-from airuntime.engine.pipeline.plan import PLAN_FORMAT, Plan, PlanStep, ResolvedThrottle
+from airuntime.engine.pipeline.plan import (
+    PLAN_FORMAT,
+    Plan,
+    PlanStep,
+    ResolvedThrottle,
+    plan_json_of,
+)
 from airuntime.engine.pipeline.plan_cache import PlanCache
 from airuntime.engine.pipeline.problems import PipelineError, Problem
 from airuntime.engine.pipeline.spec import (
@@ -58,4 +64,5 @@ __all__ = [
     "load_pipeline",
     "load_plan",
     "parse_pipeline",
+    "plan_json_of",
 ]
