@@ -167,7 +167,7 @@ if final then return result end -- finalized: the held steps were settled with t
 local want = tonumber(ARGV[2])
 local made = held.steps
 if status ~= 'Running' or want <= 0 then
-  enqueueHeld(ek, made)
+  readyPlain(ek, made)
 else
   if hasKinds(ek, held) then result[throttledAt] = redis.call('ZCARD', ek.readyThrottled) end
   local leaseMs = tonumber(ARGV[3])
@@ -176,7 +176,7 @@ else
     result[throttledAt + 1] = claimHeld(ek, owner, inPlanOrder(ek, made), leaseMs, now, result,
       counts)
   else
-    enqueueHeld(ek, made)
+    readyPlain(ek, made)
     result[throttledAt + 1] = claimReady(ek, owner, want, leaseMs, now, result, counts)
   end
 end

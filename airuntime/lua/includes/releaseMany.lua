@@ -9,7 +9,7 @@
 -- (input steps included). With `held` (completeSteps, which claims next in the same
 -- call: a table {steps = {...}, inputs = 0}) and a plan of plain steps only, the steps
 -- are appended to held.steps instead and nothing is written: the caller either claims
--- them at once (claimHeld) or writes them Ready after all (enqueueHeld) -- a chain's
+-- them at once (claimHeld) or writes them Ready after all (readyPlain) -- a chain's
 -- next step goes from pending to running without passing through the ready set.
 -- held.inputs counts the input steps made ready (WaitingForInput; added to the meta
 -- field `waiting_input` here), so the caller need not read that field again.
@@ -24,6 +24,21 @@ local function hasKinds(ek, memo)
   return kinds
 end
 
+-- Make plain steps Ready: status, and the plain ready set scored by plan order. For
+-- enqueueMany, and for completeSteps' held steps that it does not claim after all.
+local function readyPlain(ek, steps)
+  if #steps == 0 then return end
+  local orders = hmgetMany(ek.order, steps)
+  local st, ready = {}, {}
+  for i, step in ipairs(steps) do
+    local j = 2 * i
+    st[j - 1] = step; st[j] = 'ready'
+    ready[j - 1] = orders[i]; ready[j] = step
+  end
+  hsetMany(ek.status, st)
+  zaddMany(ek.ready, ready)
+end
+
 local function enqueueMany(ek, steps, held)
   local statuses = hmgetMany(ek.status, steps)
   local cand = {}
@@ -31,14 +46,16 @@ local function enqueueMany(ek, steps, held)
     if statuses[i] == 'pending' then cand[#cand + 1] = step end
   end
   if #cand == 0 then return 0 end
-  local kinds = {}
-  if hasKinds(ek, held) then
-    kinds = hmgetMany(ek.kind, cand)
-  elseif held then
-    local list = held.steps
-    for _, step in ipairs(cand) do list[#list + 1] = step end
+  if not hasKinds(ek, held) then
+    if held then
+      local list = held.steps
+      for _, step in ipairs(cand) do list[#list + 1] = step end
+    else
+      readyPlain(ek, cand)
+    end
     return #cand
   end
+  local kinds = hmgetMany(ek.kind, cand)
   local orders = hmgetMany(ek.order, cand)
   local st, plain, throttled = {}, {}, {}
   local inputs = 0
@@ -205,21 +222,6 @@ local function releaseMany(ek, steps, open, held)
     open = keepReleasing(ek, before, '', rest)
   end
   return readied, open
-end
-
--- Steps held back by enqueueMany that are not claimed in the same call: make them Ready
--- as enqueueMany would have (status, and the plain ready set scored by plan order).
-local function enqueueHeld(ek, steps)
-  if #steps == 0 then return end
-  local orders = hmgetMany(ek.order, steps)
-  local st, ready = {}, {}
-  for i, step in ipairs(steps) do
-    local j = 2 * i
-    st[j - 1] = step; st[j] = 'ready'
-    ready[j - 1] = orders[i]; ready[j] = step
-  end
-  hsetMany(ek.status, st)
-  zaddMany(ek.ready, ready)
 end
 
 -- `steps` in plan order (the order the ready set pops them in: scored by plan
