@@ -13,9 +13,15 @@ difference is a tenth of a run's CPU.
 :class:`PipelinedConnection` is that bare protocol, on a connection redis-py opened:
 redis-py makes the connection and its handshake (TLS, ``AUTH``, ``HELLO``, ``SELECT``,
 client name: everything the URL asks for), then the transport is handed to this
-protocol (``transport.set_protocol``), which writes each batch at once and hands the
+protocol (``transport.set_protocol``), which writes the batches and hands the
 replies, in order, to the batches waiting for them (a FIFO of futures; hiredis parses,
 with the reader redis-py configured, so error replies are the same exception classes).
+A batch sent while replies are awaited is written at the end of the event loop's
+turn, together with the other batches sent in that turn (one ``send`` instead of one a
+batch: a ``send`` to a local server costs the client the wake-up of the server's
+thread, and the server one read each): when a runtime's tasks complete steps, or a
+pump's runs settle, in the same turn, their round trips share the syscall. A batch on
+an idle connection (a chain's step, a lone call) is written at once.
 
 What a caller sees is what :meth:`send_batch` gave before:
 
@@ -84,6 +90,8 @@ class PipelinedConnection(asyncio.Protocol):
         self._batches: collections.deque[_Batch] = collections.deque()
         self._lost: BaseException | None = None
         self._watch: asyncio.TimerHandle | None = None
+        self._unsent: list[bytes] | None = None
+        """Batches written in this loop iteration, sent together at its end."""
         self._heard = self.loop.time()
         """``loop.time()`` of the last bytes received or of the oldest batch's send."""
         self._transport.set_protocol(self)
@@ -113,15 +121,27 @@ class PipelinedConnection(asyncio.Protocol):
             raise self._lost
         batch = _Batch(self.loop.create_future(), count)
         if not self._batches:
+            # An idle connection: written at once (a lone call waits for nothing).
             self._heard = self.loop.time()  # the wait for this batch starts now
+            self._transport.writelines(packed)
+        elif (unsent := self._unsent) is not None:
+            unsent.extend(packed)
+        else:
+            # Replies are awaited: the batches of this turn are written at its end.
+            self._unsent = list(packed)
+            self.loop.call_soon(self._send)
         self._batches.append(batch)
-        self._transport.writelines(packed)
         if self._timeout is not None and self._watch is None:
             self._watch = self.loop.call_at(self._heard + self._timeout, self._check)
         # No wait for the transport's buffer to drain: the replies cannot come before
         # the whole batch is written, and a server that reads nothing answers nothing
         # (the watchdog's case).
         return await batch.future
+
+    def _send(self) -> None:
+        unsent, self._unsent = self._unsent, None
+        if unsent and self._lost is None:
+            self._transport.writelines(unsent)
 
     # -- asyncio.Protocol ------------------------------------------------------------
 

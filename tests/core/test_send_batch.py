@@ -3,6 +3,8 @@ its one pipelined connection (:mod:`airuntime.core.pipelined_connection`), on a 
 server.
 
 * Replies come back in order, an error reply as its exception, one round trip counted.
+* The batches sent in one turn of the event loop are written together at its end: the
+  server reads them in a handful of reads, not one a batch.
 * Hundreds of batches in flight at once on the one connection each get their own
   replies; so do the batches sent after some callers gave up (cancelled): the replies
   nobody waits for any more are read and dropped, the connection stays in step.
@@ -99,6 +101,36 @@ async def test_hundreds_of_batches_in_flight_share_one_connection_each_with_its_
         assert len({r[2] for r in replies}) == 1, "one connection carried every batch"
     finally:
         await client.aclose()
+
+
+async def test_batches_sent_in_one_loop_turn_reach_the_server_in_one_write(
+    redis_server: RedisServerInfo,
+) -> None:
+    """Batches sent by many tasks in the same turn of the event loop go out together
+    at its end: the server reads them in a handful of reads (its read buffer is 16 KiB)
+    instead of one read a batch, and each batch still gets its own replies."""
+    client = _client(redis_server.url)
+    observer = _client(redis_server.url)
+    n = 200
+
+    async def reads() -> int:
+        info = await observer.info("stats")
+        return int(info["total_reads_processed"])
+
+    try:
+        await client.send_batch([("PING",)])  # the connection is open
+        before = await reads()
+        replies = await asyncio.gather(
+            *(client.send_batch([("ECHO", f"w{i}"), ("INCR", "sb:w")]) for i in range(n))
+        )
+        after = await reads()
+        assert [r[0] for r in replies] == [f"w{i}".encode() for i in range(n)]
+        assert sorted(r[1] for r in replies) == list(range(1, n + 1))
+        # ~5 KiB of commands: one write; the two INFO calls are a read each.
+        assert after - before <= 6, f"{after - before} reads for {n} batches"
+    finally:
+        await client.aclose()
+        await observer.aclose()
 
 
 async def test_batches_whose_callers_gave_up_leave_the_connection_in_step(
