@@ -25,6 +25,10 @@ CELERY_RATIO = 10.0
 SWEEP_SPREAD = 0.15
 """Sweep: each size's Redis CPU per step within +-15% of the sweep's median."""
 CALLS_PER_STEP = 1.0
+"""Client round trips per step at most (batching), on every shape but chains: a chain's
+step can only be claimed by its parent's completion, so one call a step is its minimum
+and each worker process's start-up and idle polls come on top (the floor's own chain
+measures ~1.005); chains are judged by steps/s."""
 
 
 def _row(target: str, shape: str, value: float | None, threshold: float, *,
@@ -60,8 +64,9 @@ def target_rows(ratios: list[dict[str, Any]], rows: list[dict[str, Any]]) -> lis
         if r["shape"].startswith("chain-"):
             out.append(_row(f"steps_per_s >= {CHAIN_STEPS_PER_S:g}", r["shape"],
                             r["steps_per_s"], CHAIN_STEPS_PER_S))  # fmt: skip
-        out.append(_row(f"redis_calls_per_step <= {CALLS_PER_STEP:g}", r["shape"],
-                        r["redis_calls_per_step"], CALLS_PER_STEP, at_most=True))  # fmt: skip
+        else:
+            out.append(_row(f"redis_calls_per_step <= {CALLS_PER_STEP:g}", r["shape"],
+                            r["redis_calls_per_step"], CALLS_PER_STEP, at_most=True))  # fmt: skip
     out += _sweep_rows([r for r in air if r.get("sweep")])
     return out
 
