@@ -60,7 +60,10 @@ class RuntimeProcess:
 
     async def start(self) -> None:
         """Start the child and return once all its instances are registered."""
-        env = {**os.environ, "AIRUNTIME_REDIS_URL": self.url, "AIRUNTIME_ASSIST": "false"}
+        # Assistance stays on, as deployed (`airt runtime` has no setting for it; the
+        # in-process host of the default set-up turns it off): with one-step runs it
+        # finds little to join (Python CPU a run within the noise, two alternated pairs).
+        env = {**os.environ, "AIRUNTIME_REDIS_URL": self.url}
         self.proc = await asyncio.create_subprocess_exec(
             *self.args, env=env, stdout=asyncio.subprocess.DEVNULL
         )
