@@ -91,7 +91,8 @@ class PipelinedConnection(asyncio.Protocol):
         self._lost: BaseException | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._unsent: list[bytes] | None = None
-        """Batches written in this loop iteration, sent together at its end."""
+        """The bytes of the batches sent in this loop turn while replies were awaited,
+        written together at its end (:meth:`_send`); None: none yet."""
         self._heard = self.loop.time()
         """``loop.time()`` of the last bytes received or of the oldest batch's send."""
         self._transport.set_protocol(self)
