@@ -202,8 +202,7 @@ class Plan:
     def from_json(cls, data: str | bytes) -> Plan:
         """Rebuild a plan stored with :meth:`to_json` or :meth:`stored`; raises
         ``ValueError`` if malformed."""
-        if isinstance(data, bytes) and data.startswith(COMPRESSED_PREFIX):
-            data = plan_json_of(data)
+        data = plan_json_of(data)
         with collector_paused():  # a large plan is many objects, none of them garbage
             doc = _parse_doc(data)
             index = _index_steps(doc.steps)
