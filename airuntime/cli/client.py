@@ -9,6 +9,7 @@ They talk to the stack ``airt up`` runs (found through its state file,
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Annotated, Any
 
@@ -34,7 +35,7 @@ from airuntime.cli.listing import (
     print_listing,
 )
 from airuntime.control_plane.settings import SubmitMode
-from airuntime.control_plane.shared_runs import SharedRunStatus
+from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN, SharedRunStatus
 from airuntime.core.errors import ConfigError
 from airuntime.core.settings import env_name
 from airuntime.fleet.runs import RunStatus
@@ -60,11 +61,54 @@ def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs
         raise invalid(f"cannot reach the control plane at {url}: {exc}") from None
     if resp.status_code >= 400:
         try:
-            detail = resp.json().get("detail", resp.text)
+            body = resp.json()
+            detail = body.get("detail", resp.text) if isinstance(body, dict) else resp.text
         except ValueError:
             detail = resp.text
-        raise invalid(f"{resp.status_code}: {detail}")
+        raise invalid(f"{resp.status_code}: {detail_text(detail)}")
     return resp.json()
+
+
+_REQUEST_PARTS = frozenset({"body", "path", "query", "header", "cookie"})
+_SHOWN_VALUE = 80
+"""At most this many characters of a refused value are echoed (a whole pipeline can be
+the value of a rule on the request body)."""
+
+
+def detail_text(detail: Any) -> str:
+    """An error answer's ``detail`` as a person reads it. A list of validation errors
+    (the API's 422 shape: ``loc``, ``msg``, ``input``) becomes ``<where>: <what is
+    wrong> (value=<value>)`` per error, ``; ``-joined -- the wording of every local
+    refusal (:func:`airuntime.core.validation.format_validation_error`) -- with the
+    request part (``body``, ``path``...) left out of ``<where>``; anything else is
+    shown as it came."""
+    if not (isinstance(detail, list) and detail):
+        return str(detail)
+    if not all(isinstance(e, dict) and "msg" in e for e in detail):
+        return str(detail)
+    parts = []
+    for e in detail:
+        loc = [str(p) for p in e.get("loc") or ()]
+        if loc and loc[0] in _REQUEST_PARTS:
+            loc = loc[1:]
+        where = ".".join(loc)
+        text = f"{where}: {e['msg']}" if where else str(e["msg"])
+        if where and "input" in e:
+            shown = repr(e["input"])
+            if len(shown) > _SHOWN_VALUE:
+                shown = shown[: _SHOWN_VALUE - 3] + "..."
+            text += f" (value={shown})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def shared_run_id(value: str) -> str:
+    """The ``SRID`` argument's check (a typer callback): anything but a SharedRunId is
+    refused here, naming the value, before it is put in a URL path (where ``..`` or
+    ``/`` would address another path than the one the user named)."""
+    if re.fullmatch(SHARED_RUN_ID_PATTERN, value) is None:
+        raise typer.BadParameter(f"{value!r} is not a shared run id (sr- and 32 hex digits)")
+    return value
 
 
 def _client(api: str | None, token: str | None, tenant: str | None) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from airuntime.cli.client import _Api, _client, _Token, api_call
+from airuntime.cli.client import _Api, _client, _Token, api_call, shared_run_id
 from airuntime.cli.common import EXIT_FAILED, EXIT_OK, console, invalid, out, parse_kv
 from airuntime.cli.listing import (
     Column,
@@ -38,7 +38,7 @@ runs_app = typer.Typer(
 
 _Tenant = Annotated[str | None, typer.Option(help="Act as this tenant (local stack tokens).")]
 _Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-_Id = Annotated[str, typer.Argument(help="The SharedRunId (sr-...).")]
+_Id = Annotated[str, typer.Argument(help="The SharedRunId (sr-...).", callback=shared_run_id)]
 ENDED = frozenset({"Succeeded", "Failed", "Cancelled", "Rejected"})
 
 
