@@ -73,6 +73,17 @@ class ExecutionMaterial:
     def terminal(self) -> bool:
         return self.snapshot is not None
 
+    def step_ids(self) -> list[str]:
+        """The ids of ``steps`` in plan order (a dependency before its dependents, as the
+        author wrote them), not the order a hash or a snapshot happens to hold them in;
+        an id the plan does not list (none should be) comes after, by name."""
+        listed = self.plan.get("steps")
+        order: dict[str, int] = {}
+        for spec in listed if isinstance(listed, list) else ():
+            if isinstance(spec, dict) and spec.get("id") is not None:
+                order.setdefault(str(spec["id"]), len(order))
+        return sorted(self.steps, key=lambda sid: (order.get(sid, len(order)), sid))
+
 
 @dataclass(frozen=True, slots=True)
 class RunMaterial:

@@ -116,10 +116,12 @@ def _execution(ex: ExecutionMaterial) -> ExecutionView:
 
 
 def _steps(ex: ExecutionMaterial) -> dict[str, StepView]:
-    return {
-        step: StepView(**record, instance_id=instance_of(record.get("worker")))
-        for step, record in sorted(ex.steps.items())
-    }
+    """Every step's view, in plan order (what ``airt runs show`` and the console list)."""
+    views: dict[str, StepView] = {}
+    for step in ex.step_ids():
+        record = ex.steps[step]
+        views[step] = StepView(**record, instance_id=instance_of(record.get("worker")))
+    return views
 
 
 def _run_status(material: RunMaterial) -> str:

@@ -124,6 +124,53 @@ def test_failing_submit_wait_exits_1_and_bad_input_exits_2(
     assert bad.returncode == 2
 
 
+def test_a_malformed_run_id_is_refused_naming_it_before_it_reaches_a_url(
+    served: ServedControlPlane,
+) -> None:
+    # `sr-../../x` put in a URL path would address /v1/runs/x (the client resolves the
+    # dot segments): the server would refuse `x`, a value the user never typed.
+    for command in ("show", "events", "trace", "report", "pause", "resume", "replay"):
+        refused = airt(served, "runs", command, "sr-../../x")
+        assert refused.returncode == 2, (command, refused.stderr)
+        assert "'sr-../../x' is not a shared run id" in refused.stderr, (command, refused.stderr)
+
+
+def test_a_refusal_by_the_api_reads_as_where_what_and_value(
+    served: ServedControlPlane, tmp_path: Path
+) -> None:
+    path = tmp_path / "escape.yaml"
+    path.write_text(json.dumps({"id": "escape", "steps": [{"id": "x", "uses": "os.system"}]}))
+    refused = airt(served, "submit", str(path))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    # One line: the field's path in the request body, the server's reason; not the
+    # repr of FastAPI's error list.
+    line = " ".join(refused.stderr.split())
+    assert line.startswith(
+        "error: 422: pipeline.steps.0.uses: step 'x': unknown handler 'os.system'"
+    ), line
+    assert "[{" not in line and "'loc'" not in line, line
+
+
+def test_show_lists_steps_in_plan_order_hot_and_archived(served: ServedControlPlane) -> None:
+    srid, result = submitted(served, "summarize-documents")
+    ok(result)
+    plan_order = [
+        row["step"]
+        for row in json.loads(ok(airt(served, "runs", "trace", srid, "--json")))["steps"]
+    ]
+    assert plan_order != sorted(plan_order), plan_order  # else the order proves nothing
+
+    def shown() -> tuple[list[str], list[str]]:
+        steps = list(json.loads(ok(airt(served, "runs", "show", srid, "--json")))["steps"])
+        table = ok(airt(served, "runs", "show", srid))
+        rows = [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│ ")]
+        return steps, [r for r in rows if r]
+
+    assert shown() == (plan_order, plan_order)
+    served.call(lambda redis, store: archive_and_expire(redis, store, srid))
+    assert shown() == (plan_order, plan_order)
+
+
 def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPlane) -> None:
     result = airt(served, "submit", "human-input")
     srid = json.loads(ok(result))["shared_run_id"]

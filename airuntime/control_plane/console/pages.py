@@ -116,7 +116,7 @@ async def run_page(
     except REFUSED as exc:
         return refused_page(request, s, exc)
     states = _states(details)
-    all_steps = sorted(details.steps or {})
+    all_steps = list(details.steps or {})  # plan order (run_details)
     pages = max(1, -(-len(all_steps) // STEPS_PER_PAGE))
     current = min(max(steps, 0), pages - 1)
     shown = all_steps[current * STEPS_PER_PAGE : (current + 1) * STEPS_PER_PAGE]
