@@ -16,8 +16,10 @@ Exit codes: 0 success, 1 an execution failed or was cancelled, 2 invalid input
 
 from __future__ import annotations
 
+import functools
+import inspect
 from importlib.metadata import entry_points
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -100,7 +102,40 @@ def _register_broken_plugin(name: str, error: Exception) -> None:
     app.command(name, context_settings={"ignore_unknown_options": True})(unavailable)
 
 
-def main() -> None:
+def _reflowed(doc: str) -> str:
+    """Help text from a docstring: paragraphs kept, each one's source line breaks joined.
+
+    Rich help prints a docstring's line breaks as they are, so a summary wrapped at 88
+    columns in the source broke mid-sentence in every terminal (``airt --help`` at 80
+    columns: "print its" / "steps' outputs"); joined, rich wraps it to the terminal. A
+    paragraph with an indented or bulleted line is laid out on purpose and kept."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(
+        p if any(line[:1].isspace() or line.startswith("- ") for line in p.splitlines())
+        else " ".join(p.split())
+        for p in paragraphs
+    )  # fmt: skip
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    """:func:`_reflowed` on the help of every command and group under ``group``."""
+    infos: list[Any] = [*group.registered_commands, group.registered_callback]
+    for info in infos:
+        if info is None:
+            continue
+        doc = info.help if isinstance(info.help, str) else None
+        doc = doc or (info.callback.__doc__ if info.callback else None)
+        if doc:
+            info.help = _reflowed(doc)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
+@functools.cache
+def assembled() -> typer.Typer:
+    """``app`` with every command group and plugin registered and its help reflowed
+    (once per process)."""
     for group in (
         engine,
         server,
@@ -114,8 +149,13 @@ def main() -> None:
     ):
         group.register(app)
     _load_plugins()
+    _reflow_help(app)
+    return app
+
+
+def main() -> None:
     try:
-        app()
+        assembled()()
     except RedisUrlError as exc:
         raise SystemExit(_fail(str(exc), EXIT_INVALID)) from None
     except (RedisConnectionError, RedisClusterException) as exc:
