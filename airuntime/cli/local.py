@@ -58,7 +58,13 @@ def up(
     redis_url: RedisUrl = None,
 ) -> None:
     """Everything on this machine: embedded Valkey + control plane + local scaler + API."""
-    from airuntime.devstack.local_stack import load_tenants, serve_control_plane, state_file
+    from airuntime.devstack.local_stack import (
+        listen_socket,
+        load_tenants,
+        running_stack,
+        serve_control_plane,
+        state_file,
+    )
 
     try:
         tenants = load_tenants(tenants_file)
@@ -66,14 +72,33 @@ def up(
         raise invalid(str(exc)) from None
     settings = ControlPlaneSettings(submit_mode=submit_mode)
     collector = collector_threshold_or_exit()  # refused before anything is started
+    running = running_stack()
+    if running is not None:
+        # One stack a home: a second would replace the first's state file (its tokens
+        # and URLs) and remove it on exit, leaving the first unreachable by name.
+        raise invalid(
+            f"airt up is already running here (pid {running['pid']}, API "
+            f"{running.get('api_url')}; state in {state_file()}): stop it first, or start "
+            f"this one with another {HOME_ENV}"
+        )
+    try:
+        sock = listen_socket("127.0.0.1", port)
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
     state: dict[str, Any] = {}
     options: dict[str, Any] = {"data_dir": data_dir} if data_dir else {}
-    with redis_for_process(redis_url, **options) as url:
-        console.print(f"airt up: Redis at {url}; API on 127.0.0.1:{port}; state in {state_file()}")
+    with sock, redis_for_process(redis_url, **options) as url:
+        api = f"127.0.0.1:{sock.getsockname()[1]}"
+        console.print(f"airt up: Redis at {url}; API on {api}; state in {state_file()}")
         tune_collector_or_exit(collector)
-        asyncio.run(
-            serve_control_plane(url, port=port, settings=settings, tenants=tenants, state=state)
-        )
+        try:
+            asyncio.run(
+                serve_control_plane(
+                    url, port=port, settings=settings, tenants=tenants, state=state, sock=sock
+                )
+            )
+        except ConfigError as exc:
+            raise invalid(str(exc)) from None
 
 
 DEMO_TENANTS = (("default", "Shared"), ("tenant-a", "Dedicated"), ("tenant-b", "Hybrid"))

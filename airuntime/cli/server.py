@@ -66,7 +66,7 @@ def control_plane(
     redis_url: Annotated[str | None, _setting("redis_url", "--redis-url")] = None,
 ) -> None:
     """Run the control plane (API, pump, admission, scale-out) on a shared Redis."""
-    from airuntime.devstack.local_stack import serve_control_plane
+    from airuntime.devstack.local_stack import listen_socket, serve_control_plane
 
     settings = settings_from_options(ControlPlaneServerSettings, ctx)
     if not settings.redis_url:
@@ -75,19 +75,27 @@ def control_plane(
         )
     collector = collector_threshold_or_exit()
     auth, tenants = _access(settings)
+    try:
+        sock = listen_socket(settings.api_host, settings.api_port)
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
     tune_collector_or_exit(collector)
-    asyncio.run(
-        serve_control_plane(
-            settings.redis_url,
-            host=settings.api_host,
-            port=settings.api_port,
-            settings=settings.control_plane_settings(),
-            tenants=tenants,
-            auth=auth,
-            local_scaler=settings.scale_out_provider is ScaleOutProviderKind.LOCAL,
-            scale_out_provider=_kubernetes_provider(settings),
+    try:
+        asyncio.run(
+            serve_control_plane(
+                settings.redis_url,
+                host=settings.api_host,
+                port=settings.api_port,
+                sock=sock,
+                settings=settings.control_plane_settings(),
+                tenants=tenants,
+                auth=auth,
+                local_scaler=settings.scale_out_provider is ScaleOutProviderKind.LOCAL,
+                scale_out_provider=_kubernetes_provider(settings),
+            )
         )
-    )
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
 
 
 def _access(

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import secrets
 import signal
+import socket
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -83,13 +85,17 @@ async def serve_control_plane(
     scale_out_provider: ScaleOutProvider | None = None,
     state: dict[str, Any] | None = None,
     stop: asyncio.Event | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Run the control plane and its API until ``stop`` is set (or SIGINT/SIGTERM).
 
     Without ``auth`` every tenant gets a development token (kept in ``state``); with
     ``state`` the stack's state file is written once the API listens, and removed at
-    the end.
+    the end. ``sock``: the API's listening socket (:func:`listen_socket`), else one is
+    opened on ``host``:``port`` before anything else starts (a port in use is a
+    :class:`ConfigError`, and nothing was started).
     """
+    sock = sock or listen_socket(host, port)
     redis = connect(redis_url, client_name="airt-control-plane")
     settings = settings or ControlPlaneSettings()
     history_settings = HistorySettings()
@@ -111,7 +117,7 @@ async def serve_control_plane(
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     await cp.start()
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(_serve(server, sock))
     try:
         api_url = await _listening(server, serving, f"{host}:{port}")
         if state is not None:
@@ -162,6 +168,32 @@ def _stop_on_signals(stop: asyncio.Event) -> asyncio.Event:
     return stop
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The API's listening socket on ``host``:``port`` (0: any free port). Opened before
+    Redis, the control plane and the server start, so a port in use is refused at once
+    with its address, not as the web server's exit in the middle of starting up."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        # create_server's own strerror repeats the address; the errno's text does not.
+        code = exc.errno if not isinstance(exc, socket.gaierror) else None
+        reason = os.strerror(code) if code else exc.strerror or str(exc)
+        taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)
+        hint = " (choose another --port; 0 = any free port)" if taken else ""
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+    """``server`` on ``sock``. uvicorn ends a failed start with ``sys.exit``, which out of
+    a task would stop the event loop with every other task still pending; it is a
+    :class:`ConfigError` here, raised where the start is awaited."""
+    try:
+        await server.serve(sockets=[sock])
+    except SystemExit as exc:
+        raise ConfigError(f"the API server could not start (exit {exc.code})") from None
+
+
 async def _listening(server: uvicorn.Server, serving: asyncio.Task[None], address: str) -> str:
     """The API's URL once the server listens (the bound port when 0 was asked)."""
     while not server.started:
@@ -181,6 +213,26 @@ def _write_state(state: dict[str, Any]) -> None:
     tmp.write_text(json.dumps(state, indent=2))
     tmp.chmod(0o600)
     tmp.replace(path)
+
+
+def running_stack() -> dict[str, Any] | None:
+    """The state of an ``airt up`` still running in this home (its process alive), or
+    None: no state file, an unreadable one, or one left by a process that is gone."""
+    try:
+        loaded = json.loads(state_file().read_text())
+    except (OSError, ValueError):
+        return None
+    data: dict[str, Any] = loaded if isinstance(loaded, dict) else {}
+    pid = data.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return data  # alive, another user's
+    return data
 
 
 def read_state() -> dict[str, Any]:

@@ -1,0 +1,87 @@
+"""``airt up`` and ``airt control-plane`` refuse to start over something already there,
+before they start anything: a port another process listens on (exit 2 naming the
+address, not the web server's exit 3 with a page of tracebacks after Redis and the
+control plane had started), and, for ``airt up``, a stack still running in the same
+``AIRUNTIME_HOME`` (whose state file, tokens and URLs, a second stack would replace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV
+
+UNREACHABLE = "redis://127.0.0.1:1/0"
+"""Never contacted: each command below is refused before it connects."""
+
+
+def airt(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AIRUNTIME_")}
+    return subprocess.run(
+        [sys.executable, "-m", "airuntime.cli", *args],
+        env={**clean, "COLUMNS": "200", HOME_ENV: str(home), REDIS_URL_ENV: UNREACHABLE, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def refused(result: subprocess.CompletedProcess[str], *expected: str) -> str:
+    shown = result.stdout + result.stderr
+    assert result.returncode == 2, shown
+    flat = " ".join(result.stderr.split())
+    for text in expected:
+        assert text in flat, flat
+    assert "Traceback" not in shown and "Task was destroyed" not in shown, shown
+    assert "airt up: Redis at" not in shown, "refused before anything started"
+    return flat
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+def test_a_port_in_use_is_refused_naming_the_address(tmp_path: Path, taken_port: int) -> None:
+    address = f"cannot listen on 127.0.0.1:{taken_port}: Address already in use"
+    refused(airt(tmp_path, "up", "--port", str(taken_port)), address, "choose another --port")
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("tokens:\n  - {token: dev-secret-1, user: a, tenant: t, roles: [operator]}\n")
+    refused(
+        airt(tmp_path, "control-plane", "--port", str(taken_port), "--tokens-file", str(tokens)),
+        address,
+    )
+    assert not (tmp_path / "up.json").exists()
+
+
+def test_a_second_stack_in_the_same_home_is_refused_and_the_first_keeps_its_state(
+    tmp_path: Path, taken_port: int
+) -> None:
+    state = tmp_path / "up.json"
+    first = {"tokens": {"default": "dev-x"}, "api_url": "http://127.0.0.1:1", "pid": os.getpid()}
+    state.write_text(json.dumps(first))
+    flat = refused(airt(tmp_path, "up", "--port", "0"), f"already running here (pid {os.getpid()}")
+    assert str(state) in flat and HOME_ENV in flat, flat
+    assert json.loads(state.read_text()) == first
+
+
+def test_a_state_file_left_by_a_process_that_is_gone_does_not_count(
+    tmp_path: Path, taken_port: int
+) -> None:
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (tmp_path / "up.json").write_text(json.dumps({"pid": int(gone.stdout), "api_url": "x"}))
+    # Past the state file, the next check is the port's: the stale file was not a stack.
+    refused(airt(tmp_path, "up", "--port", str(taken_port)), "Address already in use")
