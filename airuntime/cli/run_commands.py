@@ -1,4 +1,4 @@
-"""``airt runs [show|events|trace|report|answer|pause|resume|replay]``: read and steer runs.
+"""``airt runs [show|events|trace|report|answer|pause|resume|cancel|replay]``: read and steer runs.
 
 Why this exists: the control plane's run reads (:mod:`airuntime.control_plane.api.run_reads`)
 and steering (:mod:`~airuntime.control_plane.api.run_steer`) from a terminal, for runs
@@ -290,6 +290,28 @@ def resume(ctx: typer.Context, srid: _Id, tenant: _Tenant = None) -> None:
     """Resume a paused execution."""
     base, tok = _conn(ctx, tenant)
     _dump(api_call("POST", f"{base}/v1/runs/{srid}/resume", tok, timeout=30))
+
+
+@runs_app.command("cancel")
+def cancel(
+    ctx: typer.Context,
+    srid: _Id,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait until the run ended; exit 1 unless Cancelled.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(min=1, help="With --wait: seconds to wait.")] = 600,
+    tenant: _Tenant = None,
+) -> None:
+    """Cancel the run: at once while it is queued; once dispatched, its running steps are
+    stopped and it ends Cancelled when its execution did."""
+    base, tok = _conn(ctx, tenant)
+    answer = api_call("POST", f"{base}/v1/runs/{srid}/cancel", tok, timeout=30)
+    if not wait:
+        _dump(answer)
+        return
+    status = wait_ended(base, tok, srid, timeout)["status"]
+    console.print(f"run {srid} ended: {status}", highlight=False)
+    raise typer.Exit(EXIT_OK if status == "Cancelled" else EXIT_FAILED)
 
 
 def wait_ended(base: str, token: str, srid: str, timeout_s: float) -> dict[str, Any]:

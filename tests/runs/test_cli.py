@@ -202,6 +202,26 @@ def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPla
     assert "run ended: Succeeded" in stderr
 
 
+def test_cancel_through_the_cli_ends_the_run_cancelled_and_only_for_its_tenant(
+    served: ServedControlPlane,
+) -> None:
+    srid = json.loads(ok(airt(served, "submit", "human-input")))["shared_run_id"]
+    with _http(served) as http:
+        wait_until(lambda: _waiting_for_input(http, srid), what="approve waits for its answer")
+    other = airt(served, "runs", "cancel", srid, token="bob-b")
+    assert other.returncode == 2 and "404" in other.stderr, other.stderr
+    not_allowed = airt(served, "runs", "cancel", srid, token="sub-a")
+    assert not_allowed.returncode == 2 and "403" in not_allowed.stderr, not_allowed.stderr
+    assert "waiting" in ok(airt(served, "runs", "show", srid)).lower()  # neither touched it
+    cancelled = airt(served, "runs", "cancel", srid, "--wait")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"run {srid} ended: Cancelled" in " ".join(cancelled.stderr.split())
+    shown = json.loads(ok(airt(served, "runs", "show", srid, "--json")))
+    assert shown["status"] == "Cancelled" and shown["execution"]["status"] == "Cancelled"
+    again = airt(served, "runs", "cancel", srid)  # an ended run: the answer is its status
+    assert json.loads(ok(again))["status"] == "Cancelled"
+
+
 @pytest.mark.parametrize("example", sorted(e.name for e in all_examples()))
 def test_replay_compare_is_identical_for_every_packaged_example(
     served: ServedControlPlane, example: str
