@@ -40,6 +40,7 @@ from airuntime.cli import (
 from airuntime.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, console, invalid, out
 from airuntime.core.redis_client import RedisUrlError
 from airuntime.core.version import installed_version
+from airuntime.devstack.embedded import EmbeddedServerLost
 
 app = typer.Typer(
     name="airt",
@@ -158,6 +159,8 @@ def main() -> None:
         assembled()()
     except RedisUrlError as exc:
         raise SystemExit(_fail(str(exc), EXIT_INVALID)) from None
+    except EmbeddedServerLost as exc:
+        raise SystemExit(_fail(str(exc), EXIT_FAILED)) from None
     except (RedisConnectionError, RedisClusterException) as exc:
         # Raised out of a command: the Redis it was given does not answer (a bad
         # host, port or password, or a server that is down), not a bug of airt's.

