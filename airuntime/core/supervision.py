@@ -74,7 +74,13 @@ class Backoff:
     factor: float = 2.0
 
     def delay(self, failures: int, rng: random.Random | None = None) -> float:
-        ceiling = min(self.maximum, self.initial * self.factor ** max(0, failures - 1))
+        try:
+            grown = self.initial * self.factor ** max(0, failures - 1)
+        except OverflowError:
+            # factor ** n leaves the floats past ~1,024 failures in a row (2.0): an
+            # outage of ~20 minutes at a 2 s cap. The cap was reached long before.
+            grown = self.maximum
+        ceiling = min(self.maximum, grown)
         return (rng or random).uniform(self.initial, max(self.initial, ceiling))
 
 
@@ -161,6 +167,9 @@ class Supervisor:
         self.loops[name] = health
         self._contexts[name] = ctx
         task = asyncio.create_task(self._supervise(name, loop, ctx), name=f"{self.owner}:{name}")
+        # Supervision itself failing (a bug here, not in the loop) is logged, never
+        # silent; the loop then stays unhealthy in the report.
+        task.add_done_callback(log_task_failure)
         self._tasks[name] = task
         return task
 

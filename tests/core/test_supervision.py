@@ -45,6 +45,31 @@ async def test_a_failing_loop_is_restarted_and_healthy_again_after_an_ok() -> No
     assert health.state is LoopState.STOPPED and not health.healthy
 
 
+async def test_a_loop_failing_through_an_outage_of_any_length_is_restarted_until_it_recovers() -> (
+    None
+):
+    # 3,000 failures in a row: the supervisor's backoff overflowed a float at the
+    # 1,025th (~20 minutes of a Redis outage at the 2 s cap), and the OverflowError,
+    # raised in the supervisor itself, ended the loop for good. No delay here.
+    attempts = 0
+
+    async def loop(ctx: LoopContext) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts <= 3000:
+            raise ConnectionError("redis down")
+        ctx.ok()
+        await asyncio.Event().wait()
+
+    sup = Supervisor("test", backoff=Backoff(initial=0.0, maximum=0.0))
+    task = sup.start("pump", loop)
+    await asyncio.wait_for(sup.wait_ok("pump"), 30)
+    assert not task.done()
+    health = sup.loops["pump"]
+    assert health.healthy and health.errors == 3000 and health.restarts == 3000
+    await sup.stop()
+
+
 async def test_a_loop_that_returns_is_started_again() -> None:
     runs = 0
     third = asyncio.Event()
@@ -135,7 +160,9 @@ async def test_stop_ends_loops_whose_cancellation_a_call_swallowed(failing: bool
 
 
 @given(
-    failures=st.integers(min_value=1, max_value=60),
+    # Up to a year of failures a second: an outage of any length (2.0 ** 1024 and up
+    # overflow a float).
+    failures=st.integers(min_value=1, max_value=31_536_000),
     initial=st.floats(min_value=0.001, max_value=1.0),
     maximum=st.floats(min_value=0.001, max_value=30.0),
     seed=st.integers(min_value=0, max_value=2**32),

@@ -46,6 +46,15 @@ async def test_transient_errors_are_retried_until_the_call_succeeds() -> None:
     assert result == "done" and call.calls == 5 and len(seen) == 4
 
 
+async def test_an_outage_of_any_length_is_waited_out() -> None:
+    # 3,000 failures in a row: the backoff's factor ** n overflowed a float at the
+    # 1,025th (an outage of ~20 minutes at the usual 2 s cap) and the retry raised
+    # OverflowError instead of waiting. No delay here: the count is what matters.
+    call = Flaky([redis_errors.ConnectionError("refused")] * 3000)
+    result = await retry_transient(call, what="t", backoff=Backoff(initial=0.0, maximum=0.0))
+    assert result == "done" and call.calls == 3001
+
+
 async def test_cluster_errors_are_waited_out_and_the_recovery_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
