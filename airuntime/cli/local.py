@@ -59,6 +59,7 @@ def up(
 ) -> None:
     """Everything on this machine: embedded Valkey + control plane + local scaler + API."""
     from airuntime.devstack.local_stack import (
+        DEFAULT_TENANTS_SOURCE,
         listen_socket,
         load_tenants,
         running_stack,
@@ -94,7 +95,13 @@ def up(
         try:
             asyncio.run(
                 serve_control_plane(
-                    url, port=port, settings=settings, tenants=tenants, state=state, sock=sock
+                    url,
+                    port=port,
+                    settings=settings,
+                    tenants=tenants,
+                    tenants_source=str(tenants_file or DEFAULT_TENANTS_SOURCE),
+                    state=state,
+                    sock=sock,
                 )
             )
         except ConfigError as exc:

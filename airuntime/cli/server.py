@@ -89,6 +89,7 @@ def control_plane(
                 sock=sock,
                 settings=settings.control_plane_settings(),
                 tenants=tenants,
+                tenants_source=str(settings.tenants_file),
                 auth=auth,
                 local_scaler=settings.scale_out_provider is ScaleOutProviderKind.LOCAL,
                 scale_out_provider=_kubernetes_provider(settings),

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -81,8 +83,11 @@ from airuntime.fleet.registry import InstanceDescriptor, Registry
 from airuntime.fleet.run_cancel import cancel_run
 from airuntime.fleet.run_index import RunIndex
 from airuntime.fleet.runs import RunRecord, RunStatus
+from airuntime.fleet.tenancy import TenantSettings
 from airuntime.history.archiver import ExecutionArchiver
 from airuntime.history.store import HistoryStore
+
+log = logging.getLogger(__name__)
 
 DISCOVERY_INTERVAL_S = 3.0
 
@@ -182,6 +187,8 @@ class ControlPlane:
         self.scale_out_provider = scale_out_provider
         self._dispatching(observer, worker_id)
         self.supervisor = Supervisor(f"control plane {s.control_plane_id}")
+        self._seeds: tuple[tuple[TenantSettings, ...], str] | None = None
+        """The tenants file's settings and where they were read (:meth:`seed_tenants`)."""
         self.watcher = (
             ScaleOutWatcher(self.scale_outs, scale_out_provider) if scale_out_provider else None
         )
@@ -244,6 +251,8 @@ class ControlPlane:
             await self._publish_discovery()  # at once if it can; the loop keeps it fresh
         sup = self.supervisor
         sup.start("discovery", self._discovery_loop)
+        if self._seeds is not None:
+            sup.start("tenant-seeds", self._seed_loop)
         if self.settings.pump_enabled and self.settings.background_pump:
             sup.start("pump", self.background.run)
         if self.watcher is not None:
@@ -255,6 +264,35 @@ class ControlPlane:
         if self.archiver is not None and self.run_archiver is not None:
             sup.start("archiver", self.archiver.run)
             sup.start("shared-run-archiver", self.run_archiver.run)
+
+    async def seed_tenants(self, seeds: Sequence[TenantSettings], source: str) -> None:
+        """Publish a tenants file's settings (``source``: where they were read), now and,
+        once started, again whenever Redis has lost them.
+
+        Stored settings are what admission, submits and runtimes read; a tenant without
+        any is a Shared one with the default handlers. So a Redis that lost its data
+        (the chart's Valkey keeps none across a restart) would turn a Dedicated tenant
+        without shared fallback into one that runs on Shared runtimes, until the control
+        plane restarted. The file's settings are written with a marker in one
+        transaction; the ``tenant-seeds`` loop looks for the marker every
+        ``DISCOVERY_INTERVAL_S`` and writes the file again when it is gone. Settings
+        changed through the API since stay as they are while the marker does."""
+        self._seeds = (tuple(seeds), source)
+        await self.registry.put_seeds(*self._seeds)
+
+    async def _seed_loop(self, ctx: LoopContext) -> None:
+        seeds, source = self._seeds or ((), "")
+        while True:
+            if not await self.registry.seeds_present():
+                log.warning(
+                    "%s: the tenant settings from %s are gone from Redis (it lost its "
+                    "data?): publishing them again",
+                    self.settings.control_plane_id,
+                    source,
+                )
+                await self.registry.put_seeds(seeds, source)
+            ctx.ok()
+            await asyncio.sleep(DISCOVERY_INTERVAL_S)
 
     async def stop(self) -> None:
         await self.supervisor.stop()

@@ -142,6 +142,9 @@ key                                 type    content / written by
                                             (transaction with the settings).
 ``air:{air}:tenant:<id>:settings``  string  TenantSettings JSON. registry (local YAML /
                                             operator).
+``air:{air}:tenant-seeds``          string  set with the tenants file's settings (same
+                                            transaction); gone = Redis lost them, and the
+                                            control plane publishes the file again.
 ``air:{air}:run:<RunId>``           hash    run execution index record + request (run
                                             bucket). acceptRun-4 creates it, startRun-3/
                                             finishRun-6/adoptRun-1 change it; finishRun
@@ -439,6 +442,10 @@ def tenants() -> str:
 
 def tenant_settings(tenant_id: str) -> str:
     return f"{CONTROL}:tenant:{tenant_id}:settings"
+
+
+def tenant_seeds() -> str:
+    return f"{CONTROL}:tenant-seeds"
 
 
 CLUSTER_RUN_BUCKETS = 16

@@ -36,7 +36,6 @@ from airuntime.core.config_files import load_yaml_model, parse_yaml_model
 from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import HOME_ENV
-from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import TenantSettings
 from airuntime.history import open_history_store
 from airuntime.history.settings import HistorySettings
@@ -60,17 +59,16 @@ def default_tenants_text() -> str:
     return resources.files("airuntime.devstack").joinpath("default_tenants.yaml").read_text()
 
 
+DEFAULT_TENANTS_SOURCE = "airuntime/devstack/default_tenants.yaml"
+"""Where ``airt up`` reads its tenants without ``--tenants-file`` (package data)."""
+
+
 def load_tenants(path: Path | None) -> list[TenantSettings]:
     """Tenant settings from YAML; errors name the file, the entry and the field."""
     if path is not None:
         return load_yaml_model(path, TenantsFile).tenants
-    source = "airuntime/devstack/default_tenants.yaml"
+    source = DEFAULT_TENANTS_SOURCE
     return parse_yaml_model(default_tenants_text(), TenantsFile, source=source).tenants
-
-
-async def publish_tenants(registry: Registry, tenants: list[TenantSettings]) -> None:
-    for t in tenants:
-        await registry.put_tenant(t)
 
 
 async def serve_control_plane(
@@ -80,6 +78,7 @@ async def serve_control_plane(
     port: int = 8780,
     settings: ControlPlaneSettings | None = None,
     tenants: list[TenantSettings] | None = None,
+    tenants_source: str = "the tenants file",
     auth: Authenticator | None = None,
     local_scaler: bool = True,
     scale_out_provider: ScaleOutProvider | None = None,
@@ -89,7 +88,9 @@ async def serve_control_plane(
 ) -> None:
     """Run the control plane and its API until ``stop`` is set (or SIGINT/SIGTERM).
 
-    Without ``auth`` every tenant gets a development token (kept in ``state``); with
+    ``tenants`` (read from ``tenants_source``) are published, and published again if
+    Redis loses them (:meth:`ControlPlane.seed_tenants`). Without ``auth`` every tenant
+    gets a development token (kept in ``state``); with
     ``state`` the stack's state file is written once the API listens, and removed at
     the end. ``sock``: the API's listening socket (:func:`listen_socket`), else one is
     opened on ``host``:``port`` before anything else starts (a port in use is a
@@ -109,7 +110,7 @@ async def serve_control_plane(
     cp = ControlPlane(redis, settings, scale_out_provider=scaler, history=archive_to)
     metrics = ControlPlaneMetrics(cp)
     if tenants:
-        await publish_tenants(cp.registry, tenants)
+        await cp.seed_tenants(tenants, tenants_source)
     if auth is None:
         auth = _development_auth(tenants or [], state)
     stop = _stop_on_signals(stop or asyncio.Event())

@@ -22,12 +22,14 @@ own ``TIME`` to decide which reservations the descriptor already reflects, so a 
 whose clock is off can neither drop live reservations nor keep stale ones.
 * ``air:{air}:tenant:<id>:settings`` string: :class:`~airuntime.fleet.tenancy.TenantSettings` JSON.
 * ``air:{air}:tenants`` set: tenant ids with stored settings.
+* ``air:{air}:tenant-seeds`` string: written with a tenants file's settings
+  (:meth:`Registry.put_seeds`); its absence means Redis lost them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -227,6 +229,21 @@ class Registry:
         pipe.sadd(keys.tenants(), settings.tenant_id)
         ensure_transaction_slot("Registry.put_tenant", pipe)
         await pipe.execute()
+
+    async def put_seeds(self, seeds: Sequence[TenantSettings], source: str) -> None:
+        """Store ``seeds`` (a tenants file's settings) and the seed marker naming
+        ``source``, in one transaction: the marker is there exactly when they are."""
+        pipe = self.redis.pipeline(transaction=True)
+        for settings in seeds:
+            pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json())
+            pipe.sadd(keys.tenants(), settings.tenant_id)
+        pipe.set(keys.tenant_seeds(), source)
+        ensure_transaction_slot("Registry.put_seeds", pipe)
+        await pipe.execute()
+
+    async def seeds_present(self) -> bool:
+        """Whether the seed marker :meth:`put_seeds` wrote is still there."""
+        return bool(await self.redis.exists(keys.tenant_seeds()))
 
     async def delete_tenant(self, tenant_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
