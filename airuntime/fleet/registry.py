@@ -230,6 +230,16 @@ class Registry:
         ensure_transaction_slot("Registry.put_tenant", pipe)
         await pipe.execute()
 
+    async def put_tenant_if_absent(self, settings: TenantSettings) -> bool:
+        """:meth:`put_tenant` unless the tenant has settings stored (then nothing is
+        changed); whether they were written."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json(), nx=True)
+        pipe.sadd(keys.tenants(), settings.tenant_id)
+        ensure_transaction_slot("Registry.put_tenant_if_absent", pipe)
+        written, _ = await pipe.execute()
+        return bool(written)
+
     async def put_seeds(self, seeds: Sequence[TenantSettings], source: str) -> None:
         """Store ``seeds`` (a tenants file's settings) and the seed marker naming
         ``source``, in one transaction: the marker is there exactly when they are."""

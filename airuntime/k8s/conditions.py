@@ -61,6 +61,9 @@ class EventReason(StrEnum):
     """A RuntimePool's spec breaks a rule of the model (warning)."""
     APPLY_FAILED = "ApplyFailed"
     """The API server refused an object of a RuntimePool (warning)."""
+    TENANT_SETTINGS_RESTORED = "TenantSettingsRestored"
+    """A reconciled RuntimePool's tenant settings were gone from Redis (it lost its
+    data) and were published again (warning)."""
     SCALED_IN = "ScaledIn"
     """Idle runtime pods of a RuntimePool were removed."""
     DELETED = "Deleted"

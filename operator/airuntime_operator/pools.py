@@ -275,7 +275,32 @@ async def refresh_status(
     if status.get("visibleInstances") != len(instances):
         patch.status["visibleInstances"] = len(instances)
     await _refresh_readiness(ctx, body, patch, deployment)
+    await _restore_tenant_settings(ctx, body)
     return instances
+
+
+async def _restore_tenant_settings(ctx: OperatorContext, body: kopf.Body) -> None:
+    """Publish a reconciled pool's tenant settings again if Redis has none for its
+    tenant: a Redis that lost its data (the chart's Valkey keeps none across a
+    restart) would otherwise leave the tenant Shared, with the default handlers, until
+    the pool's spec changed or the operator restarted. Settings that are there (this
+    pool's, or changed since through the API) are left as they are. Only for a pool
+    whose last reconcile published them; not for one being deleted (its cleanup
+    removes them)."""
+    reconciled = find_condition(body.status.get("conditions"), ConditionType.RECONCILED)
+    if body.metadata.get("deletionTimestamp") or not is_true(reconciled):
+        return
+    try:
+        spec = parse_spec(body.spec)
+    except ValidationError:
+        return  # the reconcile reported it; nothing was published for it
+    if await ctx.registry.put_tenant_if_absent(spec.tenant_settings()):
+        kopf.warn(
+            body,
+            reason=EventReason.TENANT_SETTINGS_RESTORED,
+            message=f"The tenant settings of {spec.tenant_id} were gone from Redis "
+            "(it lost its data?): published them again.",
+        )
 
 
 async def _refresh_readiness(

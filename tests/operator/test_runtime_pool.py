@@ -15,6 +15,7 @@ from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
 from airuntime.k8s.v1alpha1 import API_GROUP, API_VERSION, RUNTIME_POOL
 from airuntime_operator import deployments
+from tests.control_plane.support import wait_for
 from tests.operator.k8s import Cluster, eventually, pool_spec, unique
 from tests.operator.runtimes import RuntimeLauncher, RuntimeSpec
 
@@ -263,3 +264,41 @@ async def test_ready_turns_false_when_the_deployment_is_gone(
     ready = await eventually(not_found, what="Ready False: DeploymentNotFound")
     assert ready["message"] == f"Deployment {prefix} does not exist."
     assert cluster.pool_columns(namespace, "pool")["Status"] == "DeploymentNotFound"
+
+
+async def test_tenant_settings_redis_lost_are_published_again_and_others_kept(
+    cluster: Cluster, namespace: str, registry: Registry
+) -> None:
+    # A Redis that lost its data (the chart's Valkey keeps none across a restart) has
+    # no settings for a pool's tenant: it would be a Shared tenant with the default
+    # handlers until the spec changed or the operator restarted.
+    tenant, other = unique("tenant"), unique("tenant")
+    cluster.create_pool(namespace, "pool", pool_spec(tenant, unique("rt")))
+    cluster.create_pool(namespace, "other", pool_spec(other, unique("rt")))
+    for name in ("pool", "other"):
+        await eventually(lambda n=name: cluster.reconciled_pool(namespace, n), what="reconcile")
+    published = await registry.tenant(tenant)
+    assert published.isolation_mode is IsolationMode.DEDICATED
+
+    async def lost_and_restored(tenant_id: str) -> None:
+        expected = await registry.tenant(tenant_id)
+        await registry.delete_tenant(tenant_id)
+
+        async def back() -> bool:
+            ids = await registry.tenant_ids()
+            return tenant_id in ids and await registry.tenant(tenant_id) == expected
+
+        await wait_for(back, what=f"{tenant_id}'s settings published again")
+
+    await lost_and_restored(tenant)
+    await eventually(
+        lambda: "TenantSettingsRestored" in cluster.event_reasons(namespace, "pool"),
+        what="a TenantSettingsRestored event on the pool",
+    )
+    # Settings that are there (changed through the API since) are never overwritten:
+    # three restores of the other pool span more than one refresh of this one.
+    changed = published.model_copy(update={"max_concurrent_runs": 7})
+    await registry.put_tenant(changed)
+    for _ in range(3):
+        await lost_and_restored(other)
+    assert await registry.tenant(tenant) == changed
