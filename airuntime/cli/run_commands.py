@@ -38,6 +38,9 @@ runs_app = typer.Typer(
 
 _Tenant = Annotated[str | None, typer.Option(help="Act as this tenant (local stack tokens).")]
 _Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+_WaitTimeout = Annotated[
+    float, typer.Option("--timeout", min=1, help="Seconds to wait for the run to end.")
+]
 _Id = Annotated[str, typer.Argument(help="The SharedRunId (sr-...).", callback=shared_run_id)]
 ENDED = frozenset({"Succeeded", "Failed", "Cancelled", "Rejected"})
 
@@ -299,7 +302,7 @@ def cancel(
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait until the run ended; exit 1 unless Cancelled.")
     ] = False,
-    timeout: Annotated[float, typer.Option(min=1, help="With --wait: seconds to wait.")] = 600,
+    timeout_s: _WaitTimeout = 600,
     tenant: _Tenant = None,
 ) -> None:
     """Cancel the run: at once while it is queued; once dispatched, its running steps are
@@ -309,7 +312,7 @@ def cancel(
     if not wait:
         _dump(answer)
         return
-    status = wait_ended(base, tok, srid, timeout)["status"]
+    status = wait_ended(base, tok, srid, timeout_s)["status"]
     console.print(f"run {srid} ended: {status}", highlight=False)
     raise typer.Exit(EXIT_OK if status == "Cancelled" else EXIT_FAILED)
 
@@ -354,7 +357,7 @@ def replay(
     compare: Annotated[
         bool, typer.Option("--compare", help="Wait and diff against the original.")
     ] = False,
-    timeout_s: Annotated[float, typer.Option("--timeout", min=1)] = 600,
+    timeout_s: _WaitTimeout = 600,
     tenant: _Tenant = None,
     as_json: _Json = False,
 ) -> None:
