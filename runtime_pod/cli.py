@@ -30,6 +30,7 @@ from airuntime.cli.common import (
     settings_from_options,
     tune_collector_or_exit,
 )
+from airuntime.core.errors import ConfigError
 from airuntime.core.redis_client import connect
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceSettings
@@ -122,7 +123,10 @@ def runtime(
     store = _loaded_store(settings.settings_file)
     scrub_secrets()  # read above; no handler of this process may find them
     tune_collector_or_exit()
-    asyncio.run(_serve(settings.redis_url, settings, instances, store))
+    try:
+        asyncio.run(_serve(settings.redis_url, settings, instances, store))
+    except ConfigError as exc:  # the intake's port in use, above all
+        raise invalid(str(exc)) from None
 
 
 def _loaded_store(path: Path | None) -> SettingsStore:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from typing import Any
 
 import uvicorn
@@ -24,6 +25,7 @@ from fastapi import FastAPI
 
 from airuntime.core import keys
 from airuntime.core.errors import ConfigError
+from airuntime.core.listening import listen_socket, serve_on
 from airuntime.core.redis_client import RedisClient
 from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.payloads import PayloadOffload
@@ -93,6 +95,9 @@ class RuntimeHost:
         self.endpoint = ""
 
     async def start(self) -> None:
+        # The intake's port first: one in use is refused before anything is registered.
+        port = self.http_port
+        sock = None if port is None else listen_socket(self.http_host, port, "--http-port")
         limit = self.config.max_concurrent_step_tasks
         if self.settings_store is not None:
             limit = self.settings_store.load().max_concurrent_step_tasks  # bad file fails startup
@@ -108,8 +113,8 @@ class RuntimeHost:
         self.control_plane_id = await resolve_control_plane_id(
             self.redis, wait_s=self.wait_for_control_plane_s
         )
-        if self.http_port is not None:
-            await self._start_http()
+        if sock is not None:
+            await self._start_http(sock)
         for iid in ids:
             slots = StepSlotController(limit, on_admit=self._slot_admitted(iid))
             hooks = InstanceHooks(
@@ -215,7 +220,7 @@ class RuntimeHost:
         app.include_router(host_router(self))
         return app
 
-    async def _start_http(self) -> None:
+    async def _start_http(self, sock: socket.socket) -> None:
         config = uvicorn.Config(
             self.app(),
             host=self.http_host,
@@ -224,7 +229,7 @@ class RuntimeHost:
             lifespan="off",
         )
         self._server = uvicorn.Server(config)
-        self._server_task = asyncio.create_task(self._server.serve())
+        self._server_task = asyncio.create_task(serve_on(self._server, sock))
         while not self._server.started:
             if self._server_task.done():
                 self._server_task.result()

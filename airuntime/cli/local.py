@@ -58,9 +58,9 @@ def up(
     redis_url: RedisUrl = None,
 ) -> None:
     """Everything on this machine: embedded Valkey + control plane + local scaler + API."""
+    from airuntime.core.listening import listen_socket
     from airuntime.devstack.local_stack import (
         DEFAULT_TENANTS_SOURCE,
-        listen_socket,
         load_tenants,
         running_stack,
         serve_control_plane,

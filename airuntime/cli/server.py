@@ -66,7 +66,8 @@ def control_plane(
     redis_url: Annotated[str | None, _setting("redis_url", "--redis-url")] = None,
 ) -> None:
     """Run the control plane (API, pump, admission, scale-out) on a shared Redis."""
-    from airuntime.devstack.local_stack import listen_socket, serve_control_plane
+    from airuntime.core.listening import listen_socket
+    from airuntime.devstack.local_stack import serve_control_plane
 
     settings = settings_from_options(ControlPlaneServerSettings, ctx)
     if not settings.redis_url:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import os
 import secrets
@@ -34,6 +33,7 @@ from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.config_files import load_yaml_model, parse_yaml_model
 from airuntime.core.errors import ConfigError
+from airuntime.core.listening import listen_socket, serve_on
 from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import HOME_ENV
 from airuntime.fleet.tenancy import TenantSettings
@@ -92,7 +92,8 @@ async def serve_control_plane(
     Redis loses them (:meth:`ControlPlane.seed_tenants`). Without ``auth`` every tenant
     gets a development token (kept in ``state``); with
     ``state`` the stack's state file is written once the API listens, and removed at
-    the end. ``sock``: the API's listening socket (:func:`listen_socket`), else one is
+    the end. ``sock``: the API's listening socket
+    (:func:`~airuntime.core.listening.listen_socket`), else one is
     opened on ``host``:``port`` before anything else starts (a port in use is a
     :class:`ConfigError`, and nothing was started).
     """
@@ -118,7 +119,7 @@ async def serve_control_plane(
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     await cp.start()
-    serving = asyncio.create_task(_serve(server, sock))
+    serving = asyncio.create_task(serve_on(server, sock))
     try:
         api_url = await _listening(server, serving, f"{host}:{port}")
         if state is not None:
@@ -167,32 +168,6 @@ def _stop_on_signals(stop: asyncio.Event) -> asyncio.Event:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     return stop
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """The API's listening socket on ``host``:``port`` (0: any free port). Opened before
-    Redis, the control plane and the server start, so a port in use is refused at once
-    with its address, not as the web server's exit in the middle of starting up."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
-    except OSError as exc:
-        # create_server's own strerror repeats the address; the errno's text does not.
-        code = exc.errno if not isinstance(exc, socket.gaierror) else None
-        reason = os.strerror(code) if code else exc.strerror or str(exc)
-        taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)
-        hint = " (choose another --port; 0 = any free port)" if taken else ""
-        raise ConfigError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
-
-
-async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
-    """``server`` on ``sock``. uvicorn ends a failed start with ``sys.exit``, which out of
-    a task would stop the event loop with every other task still pending; it is a
-    :class:`ConfigError` here, raised where the start is awaited."""
-    try:
-        await server.serve(sockets=[sock])
-    except SystemExit as exc:
-        raise ConfigError(f"the API server could not start (exit {exc.code})") from None
 
 
 async def _listening(server: uvicorn.Server, serving: asyncio.Task[None], address: str) -> str:

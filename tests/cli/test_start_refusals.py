@@ -1,8 +1,9 @@
-"""``airt up`` and ``airt control-plane`` refuse to start over something already there,
-before they start anything: a port another process listens on (exit 2 naming the
-address, not the web server's exit 3 with a page of tracebacks after Redis and the
-control plane had started), and, for ``airt up``, a stack still running in the same
-``AIRUNTIME_HOME`` (whose state file, tokens and URLs, a second stack would replace)."""
+"""``airt up``, ``airt control-plane`` and ``airt runtime`` refuse to start over something
+already there, before they start anything: a port another process listens on (exit 2
+naming the address, not the web server's exit 3, with a page of tracebacks once Redis
+and the control plane had started), and, for ``airt up``, a stack still running in the
+same ``AIRUNTIME_HOME`` (whose state file, tokens and URLs, a second stack would
+replace)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def test_a_port_in_use_is_refused_naming_the_address(tmp_path: Path, taken_port:
         address,
     )
     assert not (tmp_path / "up.json").exists()
+    runtime = airt(tmp_path, "runtime", "--http-host", "127.0.0.1", "--http-port", str(taken_port))
+    refused(runtime, address, "choose another --http-port")
 
 
 def test_a_second_stack_in_the_same_home_is_refused_and_the_first_keeps_its_state(
