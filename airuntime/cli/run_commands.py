@@ -18,7 +18,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from airuntime.cli.client import _Api, _client, _Token, api_call, shared_run_id
+from airuntime.cli.client import _Api, _client, _Token, api_call, detail_text, shared_run_id
 from airuntime.cli.common import EXIT_FAILED, EXIT_OK, console, invalid, out, parse_kv
 from airuntime.cli.listing import (
     Column,
@@ -187,26 +187,74 @@ def events(
             return
 
 
+_UNAVAILABLE = frozenset({502, 503, 504})
+"""Answers of a control plane that is starting, stopping or without Redis: try again."""
+RECONNECT_FOR_S: float = 60.0
+"""How long ``--follow`` keeps trying to reach a control plane that went away (a
+restart, a rolling update) before it gives up, exit 2."""
+
+
 def _follow_events(base: str, token: str, srid: str, as_json: bool) -> None:
+    """Print the run's ledger as it is written until the run ended. A stream that ends
+    without ``end`` (the control plane stopped) or breaks is followed again from the
+    last entry's ``id`` (a cursor), so no entry is shown twice or missed, for up to
+    :data:`RECONNECT_FOR_S` seconds without a connection."""
     url = f"{base}/v1/runs/{srid}/events"
     headers = {"authorization": f"Bearer {token}", "accept": "text/event-stream"}
-    try:
-        with httpx.stream("GET", url, headers=headers, timeout=None) as resp:
-            if resp.status_code >= 400:
-                resp.read()
-                raise invalid(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
-            event = ""
-            for line in resp.iter_lines():
-                if line.startswith("event: "):
-                    event = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    data = json.loads(line.removeprefix("data: "))
-                    if event == "end":
-                        console.print(f"run ended: {data['status']}")
+    cursor: str | None = None
+    lost_at: float | None = None
+    while True:
+        try:
+            params = {"follow": "true", **({"cursor": cursor} if cursor else {})}
+            with httpx.stream("GET", url, headers=headers, params=params, timeout=None) as resp:
+                if resp.status_code >= 400 and resp.status_code not in _UNAVAILABLE:
+                    resp.read()
+                    raise invalid(f"{resp.status_code}: {detail_text(_detail(resp))}")
+                if resp.status_code < 400:
+                    lost_at = None
+                    ended, cursor = _print_stream(resp, cursor, as_json)
+                    if ended:
                         return
-                    _print_event(data, as_json)
-    except httpx.HTTPError as exc:
-        raise invalid(f"cannot follow {url}: {exc}") from None
+        except httpx.HTTPError as exc:
+            if not isinstance(exc, httpx.TransportError):
+                raise invalid(f"cannot follow {url}: {exc}") from None
+        now = time.monotonic()
+        if lost_at is None:
+            lost_at = now
+            console.print("the stream ended before the run did; following again", highlight=False)
+        elif now - lost_at > RECONNECT_FOR_S:
+            raise invalid(
+                f"cannot follow {url}: the control plane did not answer for {RECONNECT_FOR_S:g} s"
+            )
+        time.sleep(0.5)
+
+
+def _print_stream(
+    resp: httpx.Response, cursor: str | None, as_json: bool
+) -> tuple[bool, str | None]:
+    """Print a stream's entries; whether it ended with ``end``, and the last entry's
+    cursor (where to follow again from)."""
+    event = ""
+    for line in resp.iter_lines():
+        if line.startswith("id: "):
+            cursor = line.removeprefix("id: ")
+        elif line.startswith("event: "):
+            event = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            data = json.loads(line.removeprefix("data: "))
+            if event == "end":
+                console.print(f"run ended: {data['status']}")
+                return True, cursor
+            _print_event(data, as_json)
+    return False, cursor
+
+
+def _detail(resp: httpx.Response) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text
+    return body.get("detail", resp.text) if isinstance(body, dict) else resp.text
 
 
 @runs_app.command("trace")

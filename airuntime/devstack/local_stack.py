@@ -25,7 +25,7 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel, ConfigDict
 
-from airuntime.control_plane.api import close_app, create_app
+from airuntime.control_plane.api import begin_closing, close_app, create_app
 from airuntime.control_plane.metrics import ControlPlaneMetrics
 from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.scale_out import LocalScaler, ScaleOutProvider
@@ -116,7 +116,16 @@ async def serve_control_plane(
         auth = _development_auth(tenants or [], state)
     stop = _stop_on_signals(stop or asyncio.Event())
     app = create_app(cp, auth, metrics, history)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        # What still runs then (a request under way, an MCP stream) is cut off after 5 s:
+        # a stop never waits on a client.
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     await cp.start()
     serving = asyncio.create_task(serve_on(server, sock))
@@ -127,6 +136,7 @@ async def serve_control_plane(
             _write_state(state)
         await stop.wait()
     finally:
+        begin_closing(app)  # followed event streams end: the shutdown does not wait on them
         server.should_exit = True
         with contextlib.suppress(Exception):
             await serving

@@ -1,7 +1,8 @@
 """A real control plane with its HTTP API on a TCP port, in a thread of the test process,
 for the ``airt`` subprocesses of the CLI tests: Valkey, one runtime host, the background
 pump, the durable history (the test's DSN), uvicorn. ``call`` runs a coroutine on the
-server's loop (to archive a run from the test)."""
+server's loop (to archive a run from the test); ``restart_api`` stops and starts the
+HTTP API alone, on the same port."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import uvicorn
+from fastapi import FastAPI
 from redis.asyncio import Redis
 
-from airuntime.control_plane.api import create_app
+from airuntime.control_plane.api import begin_closing, create_app
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.fleet.registry import Registry
@@ -42,6 +44,10 @@ class ServedControlPlane:
         self._stop: asyncio.Event | None = None
         self.redis: Redis | None = None
         self.history: HistoryStore | None = None
+        self._cp: ControlPlane | None = None
+        self._app: FastAPI | None = None
+        self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
 
     def start(self, timeout_s: float = 60) -> None:
         self._thread.start()
@@ -83,23 +89,50 @@ class ServedControlPlane:
         for inst in host.instances:
             cp.local.add(inst)
         await cp.start()
-        app = create_app(cp, authenticator(), history=self.history)
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-        server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve())
+        self._cp = cp
+        await self._serve_api(port=0)
         try:
-            while not server.started:
-                if serving.done():
-                    serving.result()
-                await asyncio.sleep(0.01)
-            port = server.servers[0].sockets[0].getsockname()[1]
-            self.url = f"http://127.0.0.1:{port}"
             self._ready.set()
             await self._stop.wait()
         finally:
-            server.should_exit = True
-            await serving
+            await self._stop_api()
             await cp.stop()
             await host.stop(drain_timeout_s=5)
             await self.history.close()
             await redis.aclose()
+
+    def restart_api(self) -> None:
+        """Stop the HTTP API as a stopping control plane does (its followed event
+        streams end) and serve a new one on the same port; the control plane, its
+        loops and the runtime go on."""
+        port = int(self.url.rsplit(":", 1)[1])
+
+        async def restart() -> None:
+            await self._stop_api()
+            await self._serve_api(port)
+
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(restart(), self._loop).result(60)
+
+    async def _serve_api(self, port: int) -> None:
+        assert self._cp is not None and self.history is not None
+        self._app = app = create_app(self._cp, authenticator(), history=self.history)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+        self._server = server = uvicorn.Server(config)
+        self._serving = serving = asyncio.create_task(server.serve())
+        while not server.started:
+            if serving.done():
+                serving.result()
+            await asyncio.sleep(0.01)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{bound}"
+
+    async def _stop_api(self) -> None:
+        if self._server is None or self._serving is None or self._app is None:
+            return
+        begin_closing(self._app)  # as the real server stops: followed streams end
+        self._server.should_exit = True
+        await self._serving
+        self._server = self._serving = self._app = None

@@ -236,6 +236,40 @@ def test_replay_compare_is_identical_for_every_packaged_example(
     assert "is identical to" in compared.stdout
 
 
+def test_follow_goes_on_across_an_api_restart_with_no_entry_missed_or_repeated(
+    served: ServedControlPlane,
+) -> None:
+    srid = json.loads(ok(airt(served, "submit", "human-input")))["shared_run_id"]
+    follower = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from airuntime.cli.app import main; main()",
+         "runs", "events", srid, "--follow", "--json"],
+        env={"PATH": "/usr/bin:/bin", "AIRUNTIME_API_URL": served.url,
+             "AIRUNTIME_API_TOKEN": "token-alice-a", "COLUMNS": "200"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert follower.stdout is not None
+        seen: list[dict[str, Any]] = []
+        while not any(e["type"] == "input_requested" for e in seen):  # read up to the wait
+            line = follower.stdout.readline()
+            assert line, follower.communicate(timeout=10)
+            seen.append(json.loads(line))
+        # The API stops as a stopping control plane's does (its shutdown ends the
+        # followed stream instead of waiting on it) and comes back on the same port.
+        served.restart_api()
+        ok(airt(served, "runs", "answer", srid, "approve", '{"approved": true}'))
+        stdout, stderr = follower.communicate(timeout=120)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, stderr
+    entries = seen + [json.loads(line) for line in stdout.splitlines()]
+    assert [e["seq"] for e in entries] == list(range(len(entries)))  # no gap, no repeat
+    assert "execution_finalized" in [e["type"] for e in entries]
+    flat = " ".join(stderr.split())
+    assert "the stream ended before the run did; following again" in flat, flat
+    assert "run ended: Succeeded" in flat, flat
+
+
 def _http(served: ServedControlPlane) -> httpx.Client:
     headers = {"authorization": "Bearer token-alice-a"}
     return httpx.Client(base_url=served.url, headers=headers, timeout=30)

@@ -12,6 +12,6 @@ metrics), and mounts the MCP server at ``/mcp``
 :mod:`~airuntime.control_plane.api.models`.
 """
 
-from airuntime.control_plane.api.app import close_app, create_app
+from airuntime.control_plane.api.app import begin_closing, close_app, create_app
 
-__all__ = ["close_app", "create_app"]
+__all__ = ["begin_closing", "close_app", "create_app"]

@@ -100,6 +100,13 @@ def _answer_refusals(app: FastAPI) -> None:
         )
 
 
+def begin_closing(app: FastAPI) -> None:
+    """The server is about to stop: end the event streams being followed (see
+    ``ApiContext.closing``). Call it before the server's ``should_exit``."""
+    context: ApiContext = app.state.airuntime
+    context.closing.set()
+
+
 async def close_app(app: FastAPI) -> None:
     """Stop what the app started on its own (the MCP endpoint's session manager); the
     API runs without an ASGI lifespan, so its server calls this when it stops."""

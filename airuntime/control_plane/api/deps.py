@@ -10,8 +10,9 @@ capability).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
@@ -64,6 +65,10 @@ class ApiContext:
     metrics: ControlPlaneMetrics | None
     history: HistoryStore | None = None
     """The durable history the run reads fall back to once Redis no longer has a run."""
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the server begins to stop (:func:`~airuntime.control_plane.api.app.
+    begin_closing`): streams that would run until a run ends end now instead, so the
+    server's shutdown does not wait on them (a client follows again from its cursor)."""
 
     @property
     def material(self) -> MaterialLoader:

@@ -10,6 +10,7 @@ Scoped to the caller's tenant: another tenant's run is 404, like an unknown one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
@@ -129,10 +130,13 @@ async def _follow(
     limit: int,
 ) -> AsyncIterator[str]:
     """Every ledger entry from ``after`` on, as it is written, until the shared run
-    ended and its ledger is read to the end; then ``event: end``."""
+    ended and its ledger is read to the end; then ``event: end``. A stream the server
+    ends before (it stops) has no ``end``: its client follows again from the last
+    ``id`` it got (``cursor``)."""
     run, tenant = found.run, found.tenant_id
     eid = found.execution.execution_id if found.execution else None
-    while not await request.is_disconnected():
+    closing = context.closing
+    while not closing.is_set() and not await request.is_disconnected():
         ended = run.status.terminal
         if eid is not None:
             page = await context.ledger.page(eid, tenant, after, limit)
@@ -146,7 +150,10 @@ async def _follow(
         if ended:
             yield _sse("end", {"status": run.status.value, "execution_id": eid})
             return
-        await asyncio.sleep(FOLLOW_POLL_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closing.wait(), FOLLOW_POLL_S)
+        if closing.is_set():
+            return  # the server stops: the client follows again from its last id
         reloaded = await context.material.load(run.shared_run_id, tenant)
         if reloaded is None:
             return

@@ -1,11 +1,14 @@
-"""A command whose embedded Valkey dies under it ends, exit 1, saying so.
+"""How ``airt up`` and ``airt run`` end when something ends under them, or they are asked.
 
-The embedded server is the only store of ``airt up`` and ``airt run``: once it is
-gone every call is refused, and before this the stack answered 503 "retry later"
-forever (its loops retrying a server that would not come back, the dead server a
-zombie) and a run either hung or ended "cannot reach Redis". Here the real server is
-killed (SIGKILL) under the real commands; each ends with the reason and whether the
-data survived. A stop asked for (SIGINT, as Ctrl-C or ``airt demo``) is no loss.
+* **Their embedded Valkey dies under them.** It is their only store: once it is gone
+  every call is refused, and before this the stack answered 503 "retry later" forever
+  (its loops retrying a server that would not come back, the dead server a zombie)
+  and a run either hung or ended "cannot reach Redis". Here the real server is killed
+  (SIGKILL) under the real commands; each ends, exit 1, with the reason and whether
+  the data survived. A stop asked for (SIGINT, as Ctrl-C or ``airt demo``) is no loss.
+* **Ctrl-C while a client follows a run.** The followed event stream of a run waiting
+  for input never ends on its own; the server's shutdown used to wait on it, and
+  ``airt up`` did not stop.
 """
 
 from __future__ import annotations
@@ -126,3 +129,38 @@ def test_airt_run_ends_with_the_reason_when_its_server_is_killed(tmp_path: Path)
         proc.kill()
     assert code == 1, stderr
     assert "error: " + LOST.format(pid=found[0]) in stderr, stderr
+
+
+def test_ctrl_c_stops_airt_up_while_a_client_follows_a_run(tmp_path: Path) -> None:
+    # The followed stream of a run waiting for input never ends on its own: before,
+    # the server's shutdown waited on it and `airt up` did not stop on Ctrl-C.
+    proc, state = _up(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRUNTIME_")}
+    env = {**env, HOME_ENV: str(tmp_path), "COLUMNS": "200"}
+    cli = [sys.executable, "-m", "airuntime.cli"]
+    follower: subprocess.Popen[str] | None = None
+    try:
+        submitted = subprocess.run(
+            [*cli, "submit", "human-input", "--tenant", "tenant-a"],
+            env=env, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        srid = json.loads(submitted.stdout)["shared_run_id"]
+        follower = subprocess.Popen(
+            [*cli, "runs", "events", srid, "--tenant", "tenant-a", "--follow", "--json"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert follower.stdout is not None
+        while True:  # followed up to the input wait
+            line = follower.stdout.readline()
+            assert line, follower.communicate(timeout=10)
+            if json.loads(line)["type"] == "input_requested":
+                break
+        proc.send_signal(signal.SIGINT)
+        code, stderr = _ended(proc)
+        assert code == 0, stderr
+        assert not (tmp_path / "up.json").exists()
+    finally:
+        proc.kill()
+        if follower is not None:
+            follower.kill()
+    assert state["api_url"]
