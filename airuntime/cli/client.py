@@ -60,13 +60,18 @@ def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs
     except httpx.HTTPError as exc:
         raise invalid(f"cannot reach the control plane at {url}: {exc}") from None
     if resp.status_code >= 400:
-        try:
-            body = resp.json()
-            detail = body.get("detail", resp.text) if isinstance(body, dict) else resp.text
-        except ValueError:
-            detail = resp.text
-        raise invalid(f"{resp.status_code}: {detail_text(detail)}")
+        raise invalid(f"{resp.status_code}: {detail_text(error_detail(resp))}")
     return resp.json()
+
+
+def error_detail(resp: httpx.Response) -> Any:
+    """An error answer's ``detail`` (FastAPI's), else its text (read ``resp`` first
+    when it is a stream)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text
+    return body.get("detail", resp.text) if isinstance(body, dict) else resp.text
 
 
 _REQUEST_PARTS = frozenset({"body", "path", "query", "header", "cookie"})

@@ -18,7 +18,15 @@ import httpx
 import typer
 from rich.table import Table
 
-from airuntime.cli.client import _Api, _client, _Token, api_call, detail_text, shared_run_id
+from airuntime.cli.client import (
+    _Api,
+    _client,
+    _Token,
+    api_call,
+    detail_text,
+    error_detail,
+    shared_run_id,
+)
 from airuntime.cli.common import EXIT_FAILED, EXIT_OK, console, invalid, out, parse_kv
 from airuntime.cli.listing import (
     Column,
@@ -209,7 +217,7 @@ def _follow_events(base: str, token: str, srid: str, as_json: bool) -> None:
             with httpx.stream("GET", url, headers=headers, params=params, timeout=None) as resp:
                 if resp.status_code >= 400 and resp.status_code not in _UNAVAILABLE:
                     resp.read()
-                    raise invalid(f"{resp.status_code}: {detail_text(_detail(resp))}")
+                    raise invalid(f"{resp.status_code}: {detail_text(error_detail(resp))}")
                 if resp.status_code < 400:
                     lost_at = None
                     ended, cursor = _print_stream(resp, cursor, as_json)
@@ -247,14 +255,6 @@ def _print_stream(
                 return True, cursor
             _print_event(data, as_json)
     return False, cursor
-
-
-def _detail(resp: httpx.Response) -> Any:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text
-    return body.get("detail", resp.text) if isinstance(body, dict) else resp.text
 
 
 @runs_app.command("trace")

@@ -223,10 +223,15 @@ class Registry:
 
     # -- tenant settings -------------------------------------------------------------
 
+    @staticmethod
+    def _stage_tenant(pipe: Any, settings: TenantSettings, *, nx: bool = False) -> None:
+        """Queue the writes of one tenant's settings: the JSON, and its id in the set."""
+        pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json(), nx=nx)
+        pipe.sadd(keys.tenants(), settings.tenant_id)
+
     async def put_tenant(self, settings: TenantSettings) -> None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json())
-        pipe.sadd(keys.tenants(), settings.tenant_id)
+        self._stage_tenant(pipe, settings)
         ensure_transaction_slot("Registry.put_tenant", pipe)
         await pipe.execute()
 
@@ -234,8 +239,7 @@ class Registry:
         """:meth:`put_tenant` unless the tenant has settings stored (then nothing is
         changed); whether they were written."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json(), nx=True)
-        pipe.sadd(keys.tenants(), settings.tenant_id)
+        self._stage_tenant(pipe, settings, nx=True)
         ensure_transaction_slot("Registry.put_tenant_if_absent", pipe)
         written, _ = await pipe.execute()
         return bool(written)
@@ -245,8 +249,7 @@ class Registry:
         ``source``, in one transaction: the marker is there exactly when they are."""
         pipe = self.redis.pipeline(transaction=True)
         for settings in seeds:
-            pipe.set(keys.tenant_settings(settings.tenant_id), settings.model_dump_json())
-            pipe.sadd(keys.tenants(), settings.tenant_id)
+            self._stage_tenant(pipe, settings)
         pipe.set(keys.tenant_seeds(), source)
         ensure_transaction_slot("Registry.put_seeds", pipe)
         await pipe.execute()
