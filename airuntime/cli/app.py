@@ -24,7 +24,6 @@ from typing import Annotated, Any
 import typer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
-from rich.markup import escape
 
 from airuntime.cli import (
     client,
@@ -37,7 +36,15 @@ from airuntime.cli import (
     run_commands,
     server,
 )
-from airuntime.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, console, invalid, out
+from airuntime.cli.common import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    console,
+    error_line,
+    invalid,
+    out,
+)
 from airuntime.core.redis_client import RedisUrlError
 from airuntime.core.version import installed_version
 from airuntime.devstack.embedded import EmbeddedServerLost
@@ -168,7 +175,7 @@ def main() -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    console.print(error_line(message), highlight=False)
     return code
 
 

@@ -188,10 +188,10 @@ def _follow(base: str, token: str, srid: str, timeout_s: float = 600) -> dict[st
 
     deadline = time.monotonic() + timeout_s
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[state]}"),
+        TextColumn("{task.fields[state]}", markup=False),
         console=console,
     ) as progress:
         task = progress.add_task(srid, total=None, state="")
@@ -231,9 +231,13 @@ def drain(
     totals: dict[str, Any] = {"dispatched": 0, "failed": 0, "cycles": 0, "stopped": "empty"}
     started = time.perf_counter()
     with Progress(
-        TextColumn("drain"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
-        console=console, transient=True,
-    ) as progress:  # fmt: skip
+        TextColumn("drain"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[state]}", markup=False),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("drain", total=min(max_count, pending) or None, state="")
         while True:
             left = max_count - totals["dispatched"] - totals["failed"]

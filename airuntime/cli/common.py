@@ -19,7 +19,8 @@ import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from airuntime.core.settings import REDIS_URL_ENV, EnvSettings
 from airuntime.core.validation import format_validation_error
@@ -33,18 +34,26 @@ __all__ = [
     "RedisUrl",
     "compile_argument",
     "console",
+    "error_line",
     "invalid",
     "out",
     "parse_kv",
     "pipeline_document",
+    "print_table",
     "setting_option",
     "settings_from_options",
 ]
 
-console = Console(stderr=True)
-"""Diagnostics and progress (stderr)."""
-out = Console()
-"""Results (stdout)."""
+console = Console(stderr=True, markup=False, soft_wrap=True)
+"""Diagnostics and progress (stderr). A message is one line, never wrapped by rich (a
+terminal wraps it; a log or a pipe keeps it whole, ids and URLs unbroken). Neither
+console reads rich markup in what it prints: messages, table cells and listings carry
+what tenants wrote (a step's output, an error's text), and ``[/x]`` in it would be a
+``MarkupError`` -- a traceback instead of the run. Style goes through ``style=`` or
+:class:`~rich.text.Text`."""
+out = Console(markup=False, soft_wrap=True)
+"""Results (stdout): every line whole (a JSON document wrapped at 80 columns in a pipe
+had line breaks inside its strings); tables go through :func:`print_table`."""
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -56,9 +65,20 @@ RedisUrl = Annotated[str | None, typer.Option("--redis-url", envvar=REDIS_URL_EN
 """The ``--redis-url`` option of a command that reads nothing else from the environment."""
 
 
+def print_table(table: Table, console: Console = out) -> None:
+    """Print ``table`` fitted to the console's width (printed ``soft_wrap`` it would be
+    laid out a column wider than the terminal)."""
+    console.print(table, soft_wrap=False)
+
+
+def error_line(message: str) -> Text:
+    """``error: <message>``, the prefix red, the message as written."""
+    return Text.assemble(("error:", "red"), " ", message)
+
+
 def invalid(message: str) -> typer.Exit:
-    """Print ``error: <message>`` (markup-escaped) on stderr; the exit-2 to raise."""
-    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    """Print ``error: <message>`` on stderr; the exit-2 to raise."""
+    console.print(error_line(message), highlight=False)
     return typer.Exit(EXIT_INVALID)
 
 

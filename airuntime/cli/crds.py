@@ -17,8 +17,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, markup=False, soft_wrap=True)
+out = Console(markup=False, soft_wrap=True)
 
 crds_app = typer.Typer(
     help="The airuntime.io CustomResourceDefinitions: generate or check the files.",
@@ -39,7 +39,7 @@ def generate(
     from airuntime.k8s.crdgen import write_files
 
     for path in write_files(out_dir):
-        out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+        out.print(str(path), highlight=False)
 
 
 @crds_app.command("check")
@@ -51,7 +51,7 @@ def check(
 
     stale = check_files(directory)
     for name in stale:
-        console.print(stale_message(directory, name), markup=False, highlight=False, soft_wrap=True)
+        console.print(stale_message(directory, name), highlight=False)
     if stale:
         raise typer.Exit(1)
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from airuntime.cli.common import (
     EXIT_FAILED,
@@ -26,6 +26,7 @@ from airuntime.cli.common import (
     invalid,
     out,
     parse_kv,
+    print_table,
     tune_collector_or_exit,
 )
 from airuntime.cli.listing import (
@@ -36,12 +37,13 @@ from airuntime.cli.listing import (
     Watch,
     output_format,
     print_listing,
+    step_table,
 )
 from airuntime.core.errors import AirError
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.process_redis import redis_for_process
 from airuntime.engine.execution_store import ExecutionStore
-from airuntime.engine.status import ExecutionStatus, StepStatus
+from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.store_results import ExecutionInfo
 
 
@@ -109,10 +111,10 @@ async def _run(
     redis = connect(url)
     store = ExecutionStore(redis)
     progress = Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
+        TextColumn("{task.fields[status]}", markup=False),
         TimeElapsedColumn(),
         console=console,
         disable=quiet or not console.is_terminal,
@@ -127,12 +129,12 @@ async def _run(
         if step in answers:
             return answers[step]
         if not sys.stdin.isatty():
-            console.print(
-                f"[yellow]step {step!r} waits for input; pass --answer {step}=VALUE[/yellow]"
-            )
+            hint = f"step {step!r} waits for input; pass --answer {step}=VALUE"
+            console.print(hint, style="yellow")
             raise NoInputAvailable("stdin is not a terminal and no --answer was given")
         progress.stop()
-        raw = await asyncio.to_thread(console.input, f"[bold]{step}[/bold] needs input: ")
+        prompt = Text.assemble((step, "bold"), " needs input: ")
+        raw = await asyncio.to_thread(console.input, prompt)
         progress.start()
         try:
             return json.loads(raw)
@@ -156,23 +158,8 @@ async def _run(
 
 def print_snapshot(snapshot: dict[str, Any]) -> None:
     steps: dict[str, Any] = snapshot.get("steps", {})
-    table = Table(title=f"{snapshot.get('pipeline_id')} [{snapshot.get('status')}]")
-    for col in ("step", "status", "attempts", "duration", "output / error"):
-        table.add_column(col)
-    for sid, st in sorted(steps.items(), key=lambda kv: kv[1].get("claimed_at_ms") or 0):
-        dur = ""
-        if st.get("claimed_at_ms") and st.get("finished_at_ms"):
-            dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
-        shown = (
-            st.get("error")
-            if st.get("error") and st["status"] != StepStatus.COMPLETED
-            else st.get("output")
-        )
-        text = json.dumps(shown) if not isinstance(shown, str) else shown
-        if len(text) > 60:
-            text = text[:57] + "..."
-        table.add_row(sid, st["status"], str(st.get("attempts", 1)), dur, text)
-    out.print(table)
+    ordered = sorted(steps.items(), key=lambda kv: kv[1].get("claimed_at_ms") or 0)
+    print_table(step_table(f"{snapshot.get('pipeline_id')} [{snapshot.get('status')}]", ordered))
     counts = snapshot.get("counts", {})
     out.print(
         f"execution {snapshot.get('execution_id')}: {snapshot.get('status')} "

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from airuntime.cli.common import invalid, out
+from airuntime.cli.common import invalid, out, print_table
 from airuntime.examples import all_examples, copy_example, find_example
 
 examples_app = typer.Typer(
@@ -30,7 +30,7 @@ def list_examples() -> None:
     table.add_column("what it shows")
     for example in all_examples():
         table.add_row(example.name, str(example.steps), example.description)
-    out.print(table)
+    print_table(table)
 
 
 @examples_app.command("show")
@@ -39,7 +39,7 @@ def show(name: Annotated[str, typer.Argument(help="Example name (`airt examples 
     example = find_example(name)
     if example is None:
         raise invalid(_unknown(name))
-    out.print(example.text(), end="", highlight=False, markup=False, soft_wrap=True)
+    out.print(example.text(), end="", highlight=False)
 
 
 @examples_app.command("copy")

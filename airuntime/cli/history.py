@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from airuntime.cli.common import (
     EXIT_FAILED,
     console,
+    error_line,
     invalid,
     out,
     setting_option,
@@ -62,20 +62,18 @@ def migrate(
     try:
         result = upgrade(dsn, timeout_s=settings.history_timeout_s)
     except HistoryError as error:
-        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        console.print(error_line(str(error)), highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
     if result.before == result.after:
         out.print(
             f"history {dsn}: at revision {result.after} (nothing to do)",
             highlight=False,
-            soft_wrap=True,
         )
     else:
         before = result.before or "an empty database"
         out.print(
             f"history {dsn}: migrated from {before} to {result.after}",
             highlight=False,
-            soft_wrap=True,
         )
 
 

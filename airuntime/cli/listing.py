@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from airuntime.cli.common import invalid, out
+from airuntime.cli.common import invalid, out, print_table
 
 __all__ = [
     "Column",
@@ -40,6 +40,7 @@ __all__ = [
     "middle",
     "output_format",
     "print_listing",
+    "step_table",
 ]
 
 ID_WIDTH = 20
@@ -143,7 +144,7 @@ def print_listing(
     """Print what ``fetch`` returns -- (the document for json/yaml, the records for a
     table) -- once, or redrawn every ``interval`` seconds with ``watch``."""
     wide = fmt is OutputFormat.WIDE
-    console = Console(width=WIDE_WIDTH) if wide else out
+    console = Console(width=WIDE_WIDTH, markup=False, soft_wrap=True) if wide else out
     if not watch:
         document, records = fetch()
         if fmt is OutputFormat.JSON:
@@ -151,7 +152,7 @@ def print_listing(
         elif fmt is OutputFormat.YAML:
             out.print(yaml.safe_dump(document, sort_keys=False), highlight=False, end="")
         else:
-            console.print(table(title, columns, records, wide, caption))
+            print_table(table(title, columns, records, wide, caption), console)
         return
     if fmt in (OutputFormat.JSON, OutputFormat.YAML):
         raise invalid(f"--watch shows a table: use -o table or -o wide, not -o {fmt}")
@@ -169,3 +170,42 @@ def print_listing(
                 time.sleep(interval)
         except KeyboardInterrupt:
             return
+
+
+def _step_duration(record: dict[str, Any]) -> str:
+    if record.get("claimed_at_ms") and record.get("finished_at_ms"):
+        return f"{(record['finished_at_ms'] - record['claimed_at_ms']) / 1000:.3f}s"
+    return ""
+
+
+def _step_shown(record: dict[str, Any], width: int = 60) -> str:
+    """A step's error when it did not complete and has one, else its output; JSON,
+    cut to ``width`` characters (``--json`` has it whole)."""
+    error = record.get("error")
+    shown = error if error and record.get("status") != "completed" else record.get("output")
+    if shown is None:
+        return "-"
+    text = shown if isinstance(shown, str) else json.dumps(shown)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+STEP_COLUMNS = (
+    Column("step", lambda s: s[0], is_id=True),
+    Column("status", lambda s: s[1]["status"], no_wrap=True),
+    Column("attempts", lambda s: str(s[1].get("attempts", 1)), no_wrap=True),
+    Column("instance", lambda s: s[1].get("instance_id") or "-", is_id=True, shorten=True),
+    Column("took", lambda s: _step_duration(s[1]), no_wrap=True),
+    Column("output / error", lambda s: _step_shown(s[1])),
+)
+"""A run's steps, one a row: ``(step id, record)`` pairs as an execution snapshot holds
+them."""
+
+
+def step_table(title: str, steps: Sequence[tuple[str, dict[str, Any]]]) -> Table:
+    """The steps of one execution (``airt run``, ``submit --wait``, ``runs show``): ids
+    never folded, the output cut to a short cell. The instance column only when the
+    steps ran on more than one instance (a recovery moved some): otherwise the run's
+    line names it, and the 80 columns go to the step ids and outputs."""
+    instances = {record.get("instance_id") for _, record in steps if record.get("instance_id")}
+    columns = [c for c in STEP_COLUMNS if len(instances) > 1 or c.header != "instance"]
+    return table(title, columns, steps, wide=False)

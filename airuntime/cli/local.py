@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from airuntime.cli.client import api_call, finished
 from airuntime.cli.common import (
@@ -33,6 +34,7 @@ from airuntime.cli.common import (
     invalid,
     out,
     pipeline_document,
+    print_table,
     tune_collector_or_exit,
 )
 from airuntime.control_plane.settings import (
@@ -120,7 +122,7 @@ def demo(
     dedicated, hybrid), show scale-out happening, and print where each run ran."""
     doc = pipeline_document(pipeline)
     console.print(
-        "[bold]1.[/bold] starting `airt up` (embedded Valkey + control plane + local scaler)"
+        _stage("1.", "starting `airt up` (embedded Valkey + control plane + local scaler)")
     )
     proc, state, home = _start_local_stack()
     results: dict[str, dict[str, Any]] = {}
@@ -128,15 +130,15 @@ def demo(
     ok = False
     try:
         console.print(
-            "[bold]2.[/bold] no runtime exists yet; submitting as three tenants (DirectDispatch)"
+            _stage("2.", "no runtime exists yet; submitting as three tenants (DirectDispatch)")
         )
         submitted = _demo_submit(state, doc)
         console.print(
-            "[bold]3.[/bold] scale-out: the local scaler starts one runtime per tenant prefix"
+            _stage("3.", "scale-out: the local scaler starts one runtime per tenant prefix")
         )
         results = _demo_follow(state, submitted)
     finally:
-        console.print("[bold]4.[/bold] stopping `airt up` (Ctrl-C equivalent)")
+        console.print(_stage("4.", "stopping `airt up` (Ctrl-C equivalent)"))
         _stop_local_stack(proc)
         # The report's last line says whether the demo worked: it comes last.
         ok = bool(submitted) and _demo_report(submitted, results)
@@ -144,11 +146,16 @@ def demo(
     raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)
 
 
+def _stage(number: str, what: str) -> Text:
+    """One of the demo's numbered stages, its number in bold."""
+    return Text.assemble((number, "bold"), " ", what)
+
+
 def _leave_home(home: Path, *, keep: bool) -> None:
     """A demo that worked leaves nothing behind; one that did not keeps its logs and
     history database and says where they are."""
     if keep:
-        console.print(f"   the demo's logs and history are kept in {home}", soft_wrap=True)
+        console.print(f"   the demo's logs and history are kept in {home}")
     else:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -196,7 +203,7 @@ def _demo_submit(state: dict[str, Any], doc: Any) -> dict[str, str]:
         submitted[tenant] = r["shared_run_id"]
         # One line per run even in an 80-column terminal or a pipe (rich wraps at 80).
         line = f"   {tenant:9} ({mode:9}) -> {r['shared_run_id']}: {r['status']}"
-        console.print(line, soft_wrap=True)
+        console.print(line)
     return submitted
 
 
@@ -218,7 +225,7 @@ def _demo_follow(
             if seen.get(tenant) != label:
                 seen[tenant] = label
                 where = body.get("assigned_instance_id") or ""
-                console.print(f"   {tenant:9} {label} {where}".rstrip(), soft_wrap=True)
+                console.print(f"   {tenant:9} {label} {where}".rstrip())
             if finished(body):
                 results[tenant] = body
         time.sleep(0.2)
@@ -240,13 +247,12 @@ def _demo_report(submitted: dict[str, str], results: dict[str, dict[str, Any]]) 
             (body.get("run") or {}).get("status", "unfinished"),
             f"{ex.get('completed', 0)}/{ex.get('total', '?')}",
         )
-    out.print(table)
+    print_table(table)
     for tenant, _ in DEMO_TENANTS:
         body = results.get(tenant, {})
         out.print(
             f"{tenant}: shared run {submitted[tenant]}, run {body.get('run_id') or '-'}, "
             f"execution {body.get('execution_id') or '-'}",
-            soft_wrap=True,
             highlight=False,
         )
     completed = sum(

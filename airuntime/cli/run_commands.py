@@ -16,7 +16,6 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.table import Table
 
 from airuntime.cli.client import (
     _Api,
@@ -27,7 +26,15 @@ from airuntime.cli.client import (
     error_detail,
     shared_run_id,
 )
-from airuntime.cli.common import EXIT_FAILED, EXIT_OK, console, invalid, out, parse_kv
+from airuntime.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    console,
+    invalid,
+    out,
+    parse_kv,
+    print_table,
+)
 from airuntime.cli.listing import (
     Column,
     Interval,
@@ -35,8 +42,11 @@ from airuntime.cli.listing import (
     OutputFormat,
     Updates,
     Watch,
+    middle,
     output_format,
     print_listing,
+    step_table,
+    table,
 )
 
 runs_app = typer.Typer(
@@ -59,11 +69,6 @@ def _get(base: str, token: str, srid: str, path: str = "", **params: Any) -> Any
 
 def _dump(value: Any) -> None:
     out.print_json(json.dumps(value))
-
-
-def _short(value: Any, width: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @runs_app.callback()
@@ -148,23 +153,14 @@ def show(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json =
         f"execution {ex.get('execution_id', '-')} {ex.get('status', '')}"
         + (f"; replay of {body['replay_of']}" if body.get("replay_of") else "")
     )
-    table = Table(title=f"{body['pipeline_id']} [{ex.get('status', body['status'])}]")
-    for col in ("step", "status", "attempts", "instance", "duration", "output / error"):
-        table.add_column(col, overflow="fold")
-    for sid, st in (body.get("steps") or {}).items():
-        dur = ""
-        if st.get("claimed_at_ms") and st.get("finished_at_ms"):
-            dur = f"{(st['finished_at_ms'] - st['claimed_at_ms']) / 1000:.3f}s"
-        shown = st.get("error") if st.get("status") != "completed" else st.get("output")
-        table.add_row(
-            sid, st["status"], str(st["attempts"]), st.get("instance_id") or "-", dur, _short(shown)
-        )
-    out.print(table)
+    steps = list((body.get("steps") or {}).items())
+    title = f"{body['pipeline_id']} [{ex.get('status', body['status'])}]"
+    print_table(step_table(title, steps))
 
 
 def _print_event(event: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        out.print(json.dumps(event), highlight=False, soft_wrap=True)
+        out.print(json.dumps(event), highlight=False)
         return
     fields = " ".join(f"{k}={v}" for k, v in event["fields"].items())
     out.print(f"{event['seq']:>5} {event['id']} {event['type']} {fields}", highlight=False)
@@ -266,22 +262,30 @@ def trace(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json 
         _dump(body)
         return
     t0 = body["created_at_ms"]
-    table = Table(title=f"trace {body['execution_id']} [{body['status']}]")
-    for col in ("step", "status", "start", "end", "attempts", "instance"):
-        table.add_column(col, overflow="fold")
-    for row in body["steps"]:
-        start, end = row.get("start_ms"), row.get("end_ms")
-        outcomes = ", ".join(f"{a['attempt']}:{a['outcome'] or 'running'}" for a in row["attempts"])
-        instances = {a["instance_id"] or "-" for a in row["attempts"]}
-        table.add_row(
-            row["step"],
-            row["status"] or "-",
-            f"+{start - t0}ms" if start else "-",
-            f"+{end - t0}ms" if end else "-",
-            outcomes or "-",
-            ", ".join(sorted(instances)) or "-",
-        )
-    out.print(table)
+
+    def at(ms: int | None) -> str:
+        return f"+{ms - t0}ms" if ms else "-"
+
+    columns = (
+        Column("step", lambda r: r["step"], is_id=True),
+        Column("status", lambda r: r["status"] or "-", no_wrap=True),
+        Column("start", lambda r: at(r.get("start_ms")), no_wrap=True),
+        Column("end", lambda r: at(r.get("end_ms")), no_wrap=True),
+        Column("attempts", _outcomes),
+        Column("instance", _instances, is_id=True),
+    )
+    title = f"trace {body['execution_id']} [{body['status']}]"
+    print_table(table(title, columns, body["steps"], wide=False))
+
+
+def _outcomes(row: dict[str, Any]) -> str:
+    return ", ".join(f"{a['attempt']}:{a['outcome'] or 'running'}" for a in row["attempts"]) or "-"
+
+
+def _instances(row: dict[str, Any]) -> str:
+    """The instances a step's attempts ran on, one a line, long ones middle-shortened."""
+    instances = sorted({a["instance_id"] or "-" for a in row["attempts"]})
+    return "\n".join(middle(i) for i in instances) or "-"
 
 
 @runs_app.command("report")
@@ -292,19 +296,16 @@ def report(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json
     if as_json:
         _dump(body)
         return
-    table = Table(title=f"report {body['execution_id']} [{body['status']}]")
-    for col in ("step", "status", "duration", "attempts", "retries", "recoveries"):
-        table.add_column(col)
-    for row in body["steps"]:
-        table.add_row(
-            row["step"],
-            row["status"] or "-",
-            f"{row['duration_ms']}ms",
-            str(row["attempts"]),
-            str(row["retries"]),
-            str(row["recoveries"]),
-        )
-    out.print(table)
+    columns = (
+        Column("step", lambda r: r["step"], is_id=True),
+        Column("status", lambda r: r["status"] or "-", no_wrap=True),
+        Column("duration", lambda r: f"{r['duration_ms']}ms", no_wrap=True),
+        Column("attempts", lambda r: str(r["attempts"]), no_wrap=True),
+        Column("retries", lambda r: str(r["retries"]), no_wrap=True),
+        Column("recoveries", lambda r: str(r["recoveries"]), no_wrap=True),
+    )
+    title = f"report {body['execution_id']} [{body['status']}]"
+    print_table(table(title, columns, body["steps"], wide=False))
     path = body["critical_path"]
     out.print(
         f"wall {body['wall_ms']}ms; critical path {' -> '.join(path['steps'])} "
@@ -423,10 +424,10 @@ def replay(
         _dump({"original": srid, "replay": new["shared_run_id"], "diff": diff})
     elif diff:
         text = "\n".join(["replay differs from the original:", *diff])
-        out.print(text, highlight=False, soft_wrap=True)
+        out.print(text, highlight=False)
     else:
         text = f"replay {new['shared_run_id']} is identical to {srid}"
-        out.print(text, highlight=False, soft_wrap=True)
+        out.print(text, highlight=False)
     raise typer.Exit(EXIT_FAILED if diff else EXIT_OK)
 
 

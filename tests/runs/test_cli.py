@@ -38,13 +38,13 @@ def served(
 
 
 def airt(
-    served: ServedControlPlane, *args: str, token: str = "alice-a"
+    served: ServedControlPlane, *args: str, token: str = "alice-a", columns: int = 200
 ) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
         "AIRUNTIME_API_URL": served.url,
         "AIRUNTIME_API_TOKEN": f"token-{token}",
-        "COLUMNS": "200",
+        "COLUMNS": str(columns),
         "AIRUNTIME_PYTHON_HANDLER_MODULES": NONDETERMINISTIC,  # the client checks the file too
     }
     code = "import sys; from airuntime.cli.app import main; sys.argv[0] = 'airt'; main()"
@@ -169,6 +169,62 @@ def test_show_lists_steps_in_plan_order_hot_and_archived(served: ServedControlPl
     assert shown() == (plan_order, plan_order)
     served.call(lambda redis, store: archive_and_expire(redis, store, srid))
     assert shown() == (plan_order, plan_order)
+
+
+MARKUP = "[/oops] [bold]not bold[/bold] [link=file:///etc/passwd]x"
+"""What a tenant may write in a step's output: rich markup, one tag unbalanced."""
+LONG_STEP = "summarize_feedback_batch_03"
+"""A step id as long as real ones get: rich folded it over two lines at 80 columns."""
+
+
+def test_what_tenants_wrote_prints_literally_and_lines_stay_whole_in_80_columns(
+    served: ServedControlPlane, tmp_path: Path
+) -> None:
+    """Each of these printed a traceback (rich read the output as markup: ``MarkupError``)
+    or, piped at 80 columns, broke an id, a ledger line or a JSON string over lines."""
+    spaced = "words " * 30
+    pipeline = tmp_path / "markup.yaml"
+    pipeline.write_text(
+        "id: markup\n"
+        "steps:\n"
+        f"  - id: {LONG_STEP}\n"
+        "    uses: echo\n"
+        "    with:\n"
+        f"      value: {json.dumps(MARKUP)}\n"
+        "  - id: spaced\n"
+        "    uses: echo\n"
+        "    with:\n"
+        f"      value: {json.dumps(spaced)}\n"
+    )
+    waited = airt(served, "submit", str(pipeline), "--wait", columns=80)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert "Traceback" not in waited.stderr, waited.stderr
+    assert "[/oops]" in waited.stdout and "bold[/bold]" in waited.stdout, waited.stdout
+    srid = waited.stderr.split("submitted ", 1)[1].split(":", 1)[0]
+
+    shown = airt(served, "runs", "show", srid, columns=80)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    header = next(line for line in shown.stderr.splitlines() if line.startswith(srid))
+    record = json.loads(ok(airt(served, "runs", "show", srid, "--json")))
+    assert record["run_id"] in header and record["execution"]["execution_id"] in header, header
+    rows = [line for line in shown.stdout.splitlines() if line.startswith("│ ")]
+    assert any(LONG_STEP in row for row in rows), shown.stdout  # the step id whole on one line
+    assert "[/oops]" in shown.stdout and "bold[/bold]" in shown.stdout, shown.stdout
+    assert all(len(line) <= 80 for line in shown.stdout.splitlines() if "│" in line)
+
+    for command in ("trace", "report"):
+        table = ok(airt(served, "runs", command, srid, columns=80))
+        assert any(LONG_STEP in line for line in table.splitlines()), (command, table)
+
+    entries = ok(airt(served, "runs", "events", srid, "--json", columns=80)).splitlines()
+    seqs = [json.loads(entry)["seq"] for entry in entries]  # one whole JSON a line
+    lines = ok(airt(served, "runs", "events", srid, columns=80)).splitlines()
+    assert [int(line.split()[0]) for line in lines] == seqs, lines  # one line an entry
+
+    second = airt(served, "submit", str(pipeline), columns=80)  # its answer: > 80 characters
+    assert second.returncode == 0, second.stderr
+    assert len(second.stdout.splitlines()) == 1, second.stdout
+    assert json.loads(second.stdout)["shared_run_id"].startswith("sr-"), second.stdout
 
 
 def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPlane) -> None:
