@@ -356,6 +356,149 @@ def test_in_cluster_valkey_secret_points_at_the_valkey_service(
     assert selector.items() <= pod_labels["labels"].items(), selector
 
 
+def _valkey_pod(docs: list[Doc]) -> tuple[Doc, Doc]:
+    """The in-cluster Valkey's pod spec and its one container."""
+    pod = one(docs, "Deployment", "rel-airuntime-valkey")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    return pod, container
+
+
+def _arg(container: Doc, name: str) -> str:
+    args: list[str] = container["args"]
+    return args[args.index(name) + 1]
+
+
+def test_in_cluster_valkey_keeps_its_data_on_a_claim_by_default(
+    render: Callable[..., list[Doc]],
+) -> None:
+    docs = render(EVERYTHING)
+    claim = one(docs, "PersistentVolumeClaim", "rel-airuntime-valkey")
+    assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert "storageClassName" not in claim["spec"]  # the cluster's default class
+    pod, container = _valkey_pod(docs)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "rel-airuntime-valkey"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["data"] == _arg(container, "--dir")  # the append-only file is on the claim
+    assert _arg(container, "--appendonly") == "yes"
+    assert _arg(container, "--appendfsync") == "everysec"
+    assert pod["securityContext"]["fsGroup"] == RUN_AS  # the claim is writable by Valkey
+
+
+def test_valkey_persistence_can_be_off_or_an_existing_claim(
+    render: Callable[..., list[Doc]],
+) -> None:
+    def with_persistence(persistence: Doc) -> list[Doc]:
+        return render({"redis": {"valkey": {"enabled": True, "persistence": persistence}}})
+
+    off = with_persistence({"enabled": False})
+    assert objects(off, "PersistentVolumeClaim") == []
+    pod, container = _valkey_pod(off)
+    assert {v["name"]: v for v in pod["volumes"]}["data"]["emptyDir"] == {"sizeLimit": "1Gi"}
+    assert _arg(container, "--appendonly") == "no" and "--appendfsync" not in container["args"]
+
+    existing = with_persistence({"existingClaim": "valkey-data"})
+    assert objects(existing, "PersistentVolumeClaim") == []
+    pod, _ = _valkey_pod(existing)
+    claim = {v["name"]: v for v in pod["volumes"]}["data"]["persistentVolumeClaim"]
+    assert claim == {"claimName": "valkey-data"}
+
+    chosen = with_persistence(
+        {"storageClassName": "fast", "size": "10Gi", "keepOnUninstall": False}
+    )
+    claim = one(chosen, "PersistentVolumeClaim", "rel-airuntime-valkey")
+    assert claim["spec"]["storageClassName"] == "fast"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    assert "annotations" not in claim["metadata"]
+
+
+def test_an_unknown_appendfsync_fails_to_render_naming_it(helm: str, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {"redis": {"valkey": {"enabled": True, "persistence": {"appendfsync": "no"}}}}
+        )
+    )
+    proc = subprocess.run(
+        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert (
+        'redis.valkey.persistence.appendfsync must be everysec or always, not "no"' in proc.stderr
+    )
+
+
+def test_the_rendered_valkey_loses_nothing_it_acknowledged_when_killed(
+    render: Callable[..., list[Doc]], tmp_path: Path
+) -> None:
+    """The chart's own Valkey arguments, run by a real server on this machine (its data
+    directory and password swapped for the test's): every write it answered is there
+    again after ``kill -9`` and a restart -- the pod's process dying, not the node."""
+    import os
+    import signal
+    import socket
+
+    import redis
+
+    from airuntime.devstack.embedded import default_executable
+
+    _, container = _valkey_pod(render(EVERYTHING))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    swaps = {
+        "valkey-server": default_executable(),
+        "$(VALKEY_PASSWORD)": "test-password",
+        _arg(container, "--dir"): str(tmp_path),
+        _arg(container, "--port"): str(port),
+    }
+    argv = [swaps.get(a, a) for a in container["args"]] + ["--bind", "127.0.0.1"]
+
+    def started() -> tuple[subprocess.Popen[bytes], redis.Redis]:
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=port, password="test-password", decode_responses=True)
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.exceptions.RedisError:  # refused, or still loading the file
+                return False
+
+        wait_until(answers, within=30, what="Valkey answers PING")
+        return server, client
+
+    server, client = started()
+    try:
+        for batch in range(20):
+            pipe = client.pipeline(transaction=False)
+            for i in range(batch * 100, batch * 100 + 100):
+                pipe.set(f"run:{i}", f"queued-{i}")
+            pipe.hset("runs", str(batch), str(batch))
+            pipe.xadd("ledger", {"batch": str(batch)})
+            assert all(pipe.execute())  # answered: acknowledged
+    finally:
+        os.kill(server.pid, signal.SIGKILL)  # at once, no shutdown, no save
+        server.wait(timeout=30)
+        client.close()
+    assert server.returncode == -signal.SIGKILL
+
+    server, client = started()
+    try:
+        assert client.dbsize() == 2_000 + 2
+        assert client.mget([f"run:{i}" for i in range(2_000)]) == [
+            f"queued-{i}" for i in range(2_000)
+        ]
+        assert client.hlen("runs") == 20 and client.xlen("ledger") == 20
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        client.close()
+
+
 # -- RuntimePools -------------------------------------------------------------------------------
 
 
