@@ -24,6 +24,7 @@ import httpx
 import typer
 
 from airuntime.cli.common import (
+    configure_logs_or_exit,
     console,
     invalid,
     setting_option,
@@ -122,6 +123,7 @@ def runtime(
         )
     store = _loaded_store(settings.settings_file)
     scrub_secrets()  # read above; no handler of this process may find them
+    configure_logs_or_exit()
     tune_collector_or_exit()
     try:
         asyncio.run(_serve(settings.redis_url, settings, instances, store))

@@ -33,6 +33,7 @@ __all__ = [
     "EXIT_OK",
     "RedisUrl",
     "compile_argument",
+    "configure_logs_or_exit",
     "console",
     "error_line",
     "invalid",
@@ -80,6 +81,18 @@ def invalid(message: str) -> typer.Exit:
     """Print ``error: <message>`` on stderr; the exit-2 to raise."""
     console.print(error_line(message), highlight=False)
     return typer.Exit(EXIT_INVALID)
+
+
+def configure_logs_or_exit() -> None:
+    """A long-running command's log (:mod:`airuntime.core.log_output`), configured
+    before it starts anything; a malformed ``AIRUNTIME_LOG_*`` is an exit 2 naming it."""
+    from airuntime.core.log_output import LogSettings, configure_logs
+
+    try:
+        settings = LogSettings()
+    except ValidationError as exc:
+        raise invalid(format_validation_error(exc, where=LogSettings.env_var)) from None
+    configure_logs(settings.log_level, settings.log_format)
 
 
 def collector_threshold_or_exit() -> int:

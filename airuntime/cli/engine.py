@@ -22,6 +22,7 @@ from airuntime.cli.common import (
     EXIT_OK,
     RedisUrl,
     compile_argument,
+    configure_logs_or_exit,
     console,
     invalid,
     out,
@@ -188,6 +189,7 @@ def worker(
         settings = PoolSettings(workers=workers, lease_ms=lease_ms)
     except ValueError as exc:
         raise invalid(str(exc)) from None
+    configure_logs_or_exit()
     tune_collector_or_exit()
     status, stats = asyncio.run(_participate(redis_url, execution_id, settings))
     out.print(json.dumps({"execution_id": execution_id, "status": status, **stats}))

@@ -30,6 +30,7 @@ from airuntime.cli.common import (
     EXIT_OK,
     RedisUrl,
     collector_threshold_or_exit,
+    configure_logs_or_exit,
     console,
     invalid,
     out,
@@ -75,6 +76,7 @@ def up(
         raise invalid(str(exc)) from None
     settings = ControlPlaneSettings(submit_mode=submit_mode)
     collector = collector_threshold_or_exit()  # refused before anything is started
+    configure_logs_or_exit()
     running = running_stack()
     if running is not None:
         # One stack a home: a second would replace the first's state file (its tokens

@@ -17,6 +17,7 @@ import typer
 
 from airuntime.cli.common import (
     collector_threshold_or_exit,
+    configure_logs_or_exit,
     invalid,
     setting_option,
     settings_from_options,
@@ -75,6 +76,7 @@ def control_plane(
             f"airt control-plane needs a shared Redis: set {REDIS_URL_ENV} (or use `airt up`)"
         )
     collector = collector_threshold_or_exit()
+    configure_logs_or_exit()
     auth, tenants = _access(settings)
     try:
         sock = listen_socket(settings.api_host, settings.api_port)

@@ -6,9 +6,9 @@ Peering named ``airuntime`` (HA) unless ``AIRUNTIME_OPERATOR_STANDALONE=1``; see
 
 from __future__ import annotations
 
-import logging
 import sys
 
+from airuntime.core.log_output import configure_logs
 from airuntime_operator.runner import run
 from airuntime_operator.settings import OperatorSettings, SettingsError
 
@@ -19,9 +19,7 @@ def main() -> int:
     except SettingsError as exc:
         print(f"airuntime operator: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(name)s [%(levelname)s] %(message)s"
-    )
+    configure_logs(settings.log_level, settings.log_format)
     run(settings)
     return 0
 

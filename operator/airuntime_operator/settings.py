@@ -28,6 +28,7 @@ from pydantic_settings import (
 )
 
 import airuntime
+from airuntime.core.log_output import LogFormat, LogLevel, LogSettings, known_level
 from airuntime.core.redis_client import CLUSTER_ENV
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
@@ -42,6 +43,8 @@ PYTHON_MODULES_ENV: Final = "AIRUNTIME_PYTHON_HANDLER_MODULES"
 HTTP_DENY_ENV: Final = "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS"
 HTTP_ALLOW_ENV: Final = "AIRUNTIME_HTTP_HANDLER_ALLOW"
 HISTORY_DSN_ENV: Final = "AIRUNTIME_HISTORY_DSN"
+LOG_FORMAT_ENV: Final = LogSettings.env_var("log_format")
+LOG_LEVEL_ENV: Final = LogSettings.env_var("log_level")
 
 
 def _var(suffix: str) -> str:
@@ -230,6 +233,15 @@ class OperatorSettings(BaseSettings):
     """Level of the operator's log (``AIRUNTIME_OPERATOR_LOG_LEVEL``: DEBUG, INFO,
     WARNING, ERROR; default INFO)."""
 
+    log_format: LogFormat = Field(default=LogFormat.TEXT, validation_alias=LOG_FORMAT_ENV)
+    """Format of the operator's log and of every runtime pod's (``AIRUNTIME_LOG_FORMAT``:
+    ``text``, one line a record, or ``json``, one object a line; default text)."""
+
+    runtime_log_level: LogLevel | None = Field(default=None, validation_alias=LOG_LEVEL_ENV)
+    """Level of every runtime pod's log (``AIRUNTIME_LOG_LEVEL``, passed on: DEBUG,
+    INFO, WARNING, ERROR). Default ``None``: the runtimes' own default, INFO. The
+    operator's own level is ``AIRUNTIME_OPERATOR_LOG_LEVEL``."""
+
     @field_validator("namespaces", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
@@ -249,6 +261,8 @@ class OperatorSettings(BaseSettings):
                 raise ValueError("must be comma-separated name=value pairs")
             labels[name.strip()] = label.strip()
         return labels
+
+    _runtime_level_in_any_case = field_validator("runtime_log_level", mode="before")(known_level)
 
     @field_validator("log_level")
     @classmethod
@@ -285,6 +299,9 @@ class OperatorSettings(BaseSettings):
             env.append({"name": HISTORY_DSN_ENV, "valueFrom": {"secretKeyRef": ref}})
         if self.redis_cluster:
             env.append({"name": CLUSTER_ENV, "value": "1"})
+        env.append({"name": LOG_FORMAT_ENV, "value": self.log_format.value})
+        if self.runtime_log_level:
+            env.append({"name": LOG_LEVEL_ENV, "value": self.runtime_log_level})
         return env
 
     @property

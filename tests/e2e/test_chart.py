@@ -693,6 +693,7 @@ def _literal_env(container: Doc) -> dict[str, str]:
 
 def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) -> None:
     from airuntime.control_plane.settings import ControlPlaneServerSettings as Settings
+    from airuntime.core.log_output import LogSettings
     from airuntime.engine.handlers.settings import HandlerSettings
 
     # airt control-plane reads the variables of its settings model (options override them).
@@ -700,7 +701,11 @@ def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) ->
     read.add("AIRUNTIME_HOME")  # read by the shared core, not an option
     read.add("AIRUNTIME_REDIS_CLUSTER")  # read by the shared Redis client (redis.cluster)
     read |= {HandlerSettings.env_var(field) for field in HandlerSettings.model_fields}
+    read |= {LogSettings.env_var(field) for field in LogSettings.model_fields}  # its log
     (cp,) = [c for w, _, c in workloads(rendered) if component(w) == "control-plane"]
+    LogSettings.model_validate(  # the values the chart writes are ones the process takes
+        {f: _literal_env(cp)[LogSettings.env_var(f)] for f in LogSettings.model_fields}
+    )
     unknown = sorted(set(env_of(cp)) - read)
     assert unknown == [], f"the chart sets variables airt control-plane does not read: {unknown}"
     env = env_of(cp)
@@ -979,6 +984,50 @@ def test_redis_cluster_sets_the_cluster_env_on_every_process_and_runtime_pod(
         assert settings.redis_cluster is (expected == "1")
         runtime_env = {e["name"]: e.get("value") for e in settings.runtime_platform_env()}
         assert runtime_env.get(CLUSTER_ENV) == expected, (values, runtime_env)
+
+
+def test_the_log_format_and_level_reach_every_process_and_runtime_pod(
+    render: Callable[..., list[Doc]],
+) -> None:
+    from airuntime.core.log_output import LogFormat
+    from airuntime_operator import OperatorSettings
+
+    json_debug = {"logging": {"level": "debug", "format": "json"}}
+    for values, level, fmt in ((None, "INFO", "text"), (json_debug, "DEBUG", "json")):
+        docs = render(values)
+        for name in ("control-plane", "operator"):
+            (container,) = [c for w, _, c in workloads(docs) if component(w) == name]
+            env = _literal_env(container)
+            assert (env["AIRUNTIME_LOG_LEVEL"], env["AIRUNTIME_LOG_FORMAT"]) == (level, fmt), name
+        (op,) = [c for w, _, c in workloads(docs) if component(w) == "operator"]
+        settings = OperatorSettings.from_env(
+            {**_literal_env(op), "AIRUNTIME_REDIS_URL": "redis://valkey:6379/0"}
+        )
+        assert settings.log_format is LogFormat(fmt)  # the operator's own log
+        assert settings.log_level == "INFO"  # operator.logLevel, its own
+        runtime_env = {e["name"]: e.get("value") for e in settings.runtime_platform_env()}
+        assert runtime_env["AIRUNTIME_LOG_LEVEL"] == level, runtime_env
+        assert runtime_env["AIRUNTIME_LOG_FORMAT"] == fmt, runtime_env
+
+
+@pytest.mark.parametrize(
+    ("logging", "message"),
+    [
+        ({"format": "xml"}, 'logging.format must be text or json, not "xml"'),
+        ({"level": "loud"}, 'logging.level must be DEBUG, INFO, WARNING or ERROR, not "loud"'),
+    ],
+)
+def test_an_unknown_log_format_or_level_fails_to_render_naming_it(
+    helm: str, tmp_path: Path, logging: Doc, message: str
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"logging": logging}))
+    proc = subprocess.run(
+        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert message in proc.stderr
 
 
 def test_a_history_dsn_of_another_database_fails_to_render_without_its_password(

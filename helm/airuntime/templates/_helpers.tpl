@@ -186,6 +186,21 @@ imagePullSecrets:
   value: {{ join "," .Values.httpHandlerAllow | quote }}
 {{- end }}
 
+{{/* The log's level and format: the control plane's, and (through the operator) every
+runtime pod's; the operator writes its own log in the same format. */}}
+{{- define "airuntime.logEnv" -}}
+{{- if not (has .Values.logging.format (list "text" "json")) }}
+{{- fail (printf "logging.format must be text or json, not %q" .Values.logging.format) }}
+{{- end }}
+{{- if not (has (upper .Values.logging.level) (list "DEBUG" "INFO" "WARNING" "ERROR")) }}
+{{- fail (printf "logging.level must be DEBUG, INFO, WARNING or ERROR, not %q" .Values.logging.level) }}
+{{- end -}}
+- name: AIRUNTIME_LOG_LEVEL
+  value: {{ upper .Values.logging.level | quote }}
+- name: AIRUNTIME_LOG_FORMAT
+  value: {{ .Values.logging.format | quote }}
+{{- end }}
+
 {{/* Namespaces where runtime pods of this release's operator run (release first). */}}
 {{- define "airuntime.runtimeNamespaces" -}}
 {{- toJson (uniq (prepend .Values.operator.watchNamespaces .Release.Namespace)) }}
