@@ -37,7 +37,7 @@ from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV, InstanceSettings
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode
-from airuntime.history import HistorySettings, HistoryStore, open_history_store
+from airuntime.history import HistorySettings, HistoryStore, open_history_at_start
 from airuntime.history.payloads import payload_offload
 from runtime_pod.environment import scrub_secrets
 from runtime_pod.host import RuntimeHost
@@ -185,7 +185,7 @@ async def _payload_history() -> HistoryStore | None:
     settings = HistorySettings()
     if not settings.history_dsn or settings.payload_threshold_bytes <= 0:
         return None
-    return await open_history_store(settings=settings)
+    return await open_history_at_start(settings)
 
 
 # ignore_unknown_options: a negative VALUE ("-1") is an argument to validate and

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from airuntime.core.settings import HOME_ENV
+from airuntime.core.settings import airuntime_home
 
 __all__ = [
     "RuntimeSettings",
@@ -91,9 +91,7 @@ class SettingsFileError(SettingsError):
 
 def default_settings_path() -> Path:
     """``$AIRUNTIME_HOME/runtime/settings.yaml`` (``AIRUNTIME_HOME`` defaults to ~/.airuntime)."""
-    home = os.environ.get(HOME_ENV)
-    base = Path(home).expanduser() if home else Path.home() / ".airuntime"
-    return base / "runtime" / "settings.yaml"
+    return airuntime_home() / "runtime" / "settings.yaml"
 
 
 def _requirement(key: str) -> str | None:

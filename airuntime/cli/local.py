@@ -44,7 +44,7 @@ from airuntime.control_plane.settings import (
     SubmitMode,
 )
 from airuntime.core.errors import ConfigError
-from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV
+from airuntime.core.settings import HOME_ENV, REDIS_URL_ENV, prepared_home
 from airuntime.devstack.process_redis import redis_for_process
 from airuntime.fleet.runs import RunStatus
 
@@ -77,6 +77,10 @@ def up(
     settings = ControlPlaneSettings(submit_mode=submit_mode)
     collector = collector_threshold_or_exit()  # refused before anything is started
     configure_logs_or_exit()
+    try:
+        prepared_home()  # the state file, logs and default history go there
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
     running = running_stack()
     if running is not None:
         # One stack a home: a second would replace the first's state file (its tokens

@@ -71,7 +71,10 @@ def mcp(
         raise invalid(f"control-plane settings: {exc}") from None
     configure_logs_or_exit()  # on stderr: stdout is the MCP stream
     tune_collector_or_exit()
-    asyncio.run(_serve(redis_url, principal, settings, tokens_file))
+    try:
+        asyncio.run(_serve(redis_url, principal, settings, tokens_file))
+    except ConfigError as exc:  # the history's file cannot be opened, above all
+        raise invalid(str(exc)) from None
 
 
 def _check_remote(endpoint: str, bearer: str) -> None:

@@ -13,11 +13,23 @@ instead of spelling it.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Final
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ENV_PREFIX", "HOME_ENV", "REDIS_URL_ENV", "EnvSettings", "env_name"]
+from airuntime.core.errors import ConfigError
+
+__all__ = [
+    "ENV_PREFIX",
+    "HOME_ENV",
+    "REDIS_URL_ENV",
+    "EnvSettings",
+    "airuntime_home",
+    "env_name",
+    "prepared_home",
+]
 
 ENV_PREFIX: Final = "AIRUNTIME_"
 
@@ -34,6 +46,29 @@ REDIS_URL_ENV: Final = env_name("redis_url")
 HOME_ENV: Final = env_name("home")
 """The directory of a user's local state (``airt up``'s state file, runtime settings,
 logs); unset or empty: ``~/.airuntime``."""
+
+
+def airuntime_home() -> Path:
+    """``$AIRUNTIME_HOME`` (``~`` expanded), else ``~/.airuntime``: the one rule every
+    part that keeps local state (the stack's state file, runtime settings, logs, the
+    default SQLite history) reads its directory by."""
+    home = os.environ.get(HOME_ENV)
+    return Path(home).expanduser() if home else Path.home() / ".airuntime"
+
+
+def prepared_home() -> Path:
+    """:func:`airuntime_home`, created when missing; a :class:`ConfigError` naming the
+    variable and the path when it is not a directory this process can write (a file
+    there, a parent that is a file, no permission), before anything is started in it."""
+    home = airuntime_home()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = "it is a file" if home.is_file() else (exc.strerror or str(exc))
+        raise ConfigError(f"{HOME_ENV}={home}: cannot be used as a directory: {reason}") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise ConfigError(f"{HOME_ENV}={home}: this user cannot write in it")
+    return home
 
 
 class EnvSettings(BaseSettings):

@@ -35,9 +35,9 @@ from airuntime.core.config_files import load_yaml_model, parse_yaml_model
 from airuntime.core.errors import ConfigError
 from airuntime.core.listening import listen_socket, serve_on
 from airuntime.core.redis_client import RedisClient, connect
-from airuntime.core.settings import HOME_ENV
+from airuntime.core.settings import HOME_ENV, airuntime_home
 from airuntime.fleet.tenancy import TenantSettings
-from airuntime.history import open_history_store
+from airuntime.history import open_history_at_start
 from airuntime.history.settings import HistorySettings
 
 
@@ -45,10 +45,6 @@ class TenantsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenants: list[TenantSettings]
-
-
-def airuntime_home() -> Path:
-    return Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime")
 
 
 def state_file() -> Path:
@@ -106,7 +102,7 @@ async def serve_control_plane(
     )
     # One store: the API reads runs from it, the archiver (when enabled) writes them;
     # the runtimes the local scaler starts write large step outputs to it.
-    history = await open_history_store(settings=history_settings)
+    history = await open_history_at_start(history_settings)
     archive_to = history if settings.archiver_enabled else None
     cp = ControlPlane(redis, settings, scale_out_provider=scaler, history=archive_to)
     metrics = ControlPlaneMetrics(cp)
@@ -228,5 +224,14 @@ def read_state() -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(
             f"no local stack is running ({path} not found): start one with `airt up`"
+        ) from None
+    except OSError as exc:  # a home that is a file, a state file that is a directory...
+        raise ConfigError(
+            f"cannot read the local stack's state {path}: {exc.strerror} "
+            f"(check {HOME_ENV}={airuntime_home()})"
+        ) from None
+    except ValueError:
+        raise ConfigError(
+            f"the local stack's state {path} is not JSON: stop `airt up` and start it again"
         ) from None
     return data

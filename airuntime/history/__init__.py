@@ -24,7 +24,7 @@ from airuntime.history.errors import (
     InvalidCursor,
     SchemaOutOfDate,
 )
-from airuntime.history.factory import open_history_store
+from airuntime.history.factory import open_history_at_start, open_history_store
 from airuntime.history.records import (
     ArchivedEvent,
     ArchivedExecution,
@@ -60,5 +60,6 @@ __all__ = [
     "PayloadRef",
     "SchemaOutOfDate",
     "SharedRunPage",
+    "open_history_at_start",
     "open_history_store",
 ]

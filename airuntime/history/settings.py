@@ -9,12 +9,9 @@ SQLite file under ``AIRUNTIME_HOME`` (``~/.airuntime/history.db``), so ``airt up
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from pydantic import Field, model_validator
 
-from airuntime.core.settings import HOME_ENV, EnvSettings
+from airuntime.core.settings import EnvSettings, airuntime_home
 
 __all__ = ["DEFAULT_PAYLOAD_THRESHOLD_BYTES", "HistorySettings", "default_dsn"]
 
@@ -23,8 +20,7 @@ DEFAULT_PAYLOAD_THRESHOLD_BYTES = 64 * 1024
 
 def default_dsn() -> str:
     """``sqlite:///$AIRUNTIME_HOME/history.db`` (home defaults to ``~/.airuntime``)."""
-    home = Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime")
-    return f"sqlite:///{home.absolute() / 'history.db'}"
+    return f"sqlite:///{airuntime_home().absolute() / 'history.db'}"
 
 
 class HistorySettings(EnvSettings):

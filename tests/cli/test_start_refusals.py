@@ -88,3 +88,33 @@ def test_a_state_file_left_by_a_process_that_is_gone_does_not_count(
     (tmp_path / "up.json").write_text(json.dumps({"pid": int(gone.stdout), "api_url": "x"}))
     # Past the state file, the next check is the port's: the stale file was not a stack.
     refused(airt(tmp_path, "up", "--port", str(taken_port)), "Address already in use")
+
+
+def test_a_home_that_is_not_a_directory_is_refused_naming_it(tmp_path: Path) -> None:
+    """``AIRUNTIME_HOME`` naming a file: ``airt up`` printed its banner (Valkey started)
+    then a traceback from the history's SQLite file; ``airt control-plane`` a traceback;
+    ``airt submit`` a ``NotADirectoryError`` traceback reading the state file."""
+    home = tmp_path / "home"
+    home.write_text("not a directory\n")
+    refused(
+        airt(home, "up", "--port", "0"),
+        f"AIRUNTIME_HOME={home}: cannot be used as a directory: it is a file",
+    )
+    refused(
+        airt(home / "sub", "up", "--port", "0"),
+        f"AIRUNTIME_HOME={home / 'sub'}: cannot be used as a directory: Not a directory",
+    )
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("tokens:\n  - {token: dev-secret-1, user: a, tenant: t, roles: [operator]}\n")
+    refused(
+        airt(home, "control-plane", "--port", "0", "--tokens-file", str(tokens)),
+        f"history sqlite:///{home / 'history.db'}:",
+        "AIRUNTIME_HISTORY_DSN",
+    )
+    mcp = airt(home, "mcp", "--local-admin", "--tenant", "default")
+    refused(mcp, f"history sqlite:///{home / 'history.db'}:", "AIRUNTIME_HOME")
+    refused(
+        airt(home, "submit", "summarize-documents"),
+        f"cannot read the local stack's state {home / 'up.json'}: Not a directory",
+    )
+    assert home.read_text() == "not a directory\n"

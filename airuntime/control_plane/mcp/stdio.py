@@ -19,7 +19,7 @@ from airuntime.control_plane.rbac import Authenticator, Capability, Principal
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.redis_client import RedisClient
-from airuntime.history import open_history_store
+from airuntime.history import open_history_at_start
 
 
 def local_admin(tenant_id: str) -> Principal:
@@ -34,7 +34,7 @@ async def serve_stdio(
     auth: Authenticator | None = None,
 ) -> None:
     """Serve MCP on stdin/stdout until the client closes stdin."""
-    history = await open_history_store()
+    history = await open_history_at_start()
     cp = ControlPlane(redis, settings)
     try:
         context = ApiContext(cp, auth or Authenticator([]), None, history)

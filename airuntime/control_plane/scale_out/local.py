@@ -17,11 +17,10 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 from airuntime.control_plane.scale_out.requests import ScaleOutRejected, ScaleOutRequest
 from airuntime.core.redis_client import RedisClient
-from airuntime.core.settings import HOME_ENV, env_name
+from airuntime.core.settings import airuntime_home, env_name
 from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.registry import Registry
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
@@ -138,7 +137,7 @@ class LocalScaler:
             env[RUNTIME_TOKEN_ENV] = self.runtime_token
         if self.history_dsn:
             env[HISTORY_DSN_ENV] = self.history_dsn
-        log_dir = Path(os.environ.get(HOME_ENV) or Path.home() / ".airuntime") / "logs"
+        log_dir = airuntime_home() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{instance_id}.log").open("ab") as log_file:
             proc = await asyncio.create_subprocess_exec(
