@@ -98,7 +98,10 @@ def up(
     options: dict[str, Any] = {"data_dir": data_dir} if data_dir else {}
     with sock, redis_for_process(redis_url, **options) as url:
         api = f"127.0.0.1:{sock.getsockname()[1]}"
-        console.print(f"airt up: Redis at {url}; API on {api}; state in {state_file()}")
+        console.print(
+            f"airt up: Redis at {url}; API on {api} (console http://{api}/ui); "
+            f"state in {state_file()}"
+        )
         tune_collector_or_exit(collector)
         try:
             asyncio.run(

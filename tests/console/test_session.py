@@ -46,6 +46,14 @@ def test_sign_in_never_redirects_off_the_console(stack: Stack, target: str) -> N
     assert resp.status_code == 303 and resp.headers["location"] == "/ui/runs"
 
 
+def test_the_apis_address_opened_in_a_browser_leads_to_the_console(stack: Stack) -> None:
+    with fresh(stack) as client:
+        root = client.get("/")
+        assert root.status_code == 307 and root.headers["location"] == "/ui/runs"
+        page = client.get("/", follow_redirects=True, headers={"accept": "text/html"})
+    assert page.status_code == 200 and page.url.path == "/ui/login", page.url
+
+
 def test_a_cookie_does_not_authorize_the_api_nor_a_bearer_the_console(stack: Stack) -> None:
     cookie = {"cookie": f"{COOKIE}=token-alice-a"}
     with fresh(stack) as client:

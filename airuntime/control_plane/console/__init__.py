@@ -30,6 +30,11 @@ def install(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
 
+    @app.get("/", include_in_schema=False)
+    async def _root() -> RedirectResponse:
+        """The API's address opened in a browser: the console (it was a 404)."""
+        return RedirectResponse(f"{PREFIX}/runs", status_code=307)
+
     @app.exception_handler(SignInRequired)
     async def _sign_in(request: Request, exc: SignInRequired) -> Response:
         wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
