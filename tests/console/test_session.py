@@ -49,7 +49,7 @@ def test_sign_in_never_redirects_off_the_console(stack: Stack, target: str) -> N
 def test_the_apis_address_opened_in_a_browser_leads_to_the_console(stack: Stack) -> None:
     with fresh(stack) as client:
         root = client.get("/")
-        assert root.status_code == 307 and root.headers["location"] == "/ui/runs"
+        assert root.status_code == 303 and root.headers["location"] == "/ui/runs"
         page = client.get("/", follow_redirects=True, headers={"accept": "text/html"})
     assert page.status_code == 200 and page.url.path == "/ui/login", page.url
 

@@ -451,6 +451,7 @@ TENANT_FREE: Final[dict[tuple[str, str], str]] = {
     ("GET", "/docs"): "the API's description",
     ("GET", "/docs/oauth2-redirect"): "the API's description",
     ("GET", "/redoc"): "the API's description",
+    ("GET", "/"): "a browser's way to the console: a redirect to its runs page",
     ("GET", "/ui"): "the console's redirect to its runs page",
     ("GET", "/ui/login"): "the console's sign-in form",
     ("POST", "/ui/login"): "checks a token; answers a cookie or the sign-in form",
@@ -459,6 +460,7 @@ TENANT_FREE: Final[dict[tuple[str, str], str]] = {
 }
 
 NOT_200: Final[dict[tuple[str, str], int]] = {
+    ("GET", "/"): 303,  # to /ui/runs
     ("GET", "/ui"): 303,  # to /ui/runs
     ("POST", "/ui/login"): 401,  # no token given: the form again
     ("POST", "/ui/logout"): 401,  # no session

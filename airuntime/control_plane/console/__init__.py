@@ -33,7 +33,7 @@ def install(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def _root() -> RedirectResponse:
         """The API's address opened in a browser: the console (it was a 404)."""
-        return RedirectResponse(f"{PREFIX}/runs", status_code=307)
+        return RedirectResponse(f"{PREFIX}/runs", status_code=303)
 
     @app.exception_handler(SignInRequired)
     async def _sign_in(request: Request, exc: SignInRequired) -> Response:
