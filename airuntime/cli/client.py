@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from typing import Annotated, Any
 
 import httpx
@@ -36,6 +37,7 @@ from airuntime.cli.listing import (
 )
 from airuntime.control_plane.settings import SubmitMode
 from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN, SharedRunStatus
+from airuntime.control_plane.submit_idempotency import IDEMPOTENCY_KEY_PATTERN
 from airuntime.core.errors import ConfigError
 from airuntime.core.settings import env_name
 from airuntime.fleet.runs import RunStatus
@@ -49,6 +51,46 @@ _FINISHED_SHARED_RUN = frozenset(
     s.value for s in (SharedRunStatus.REJECTED, SharedRunStatus.CANCELLED, SharedRunStatus.FAILED)
 )
 """Shared-run states in which no runtime run will ever start."""
+
+
+UNAVAILABLE = frozenset({502, 503, 504})
+"""Answers of a control plane that is starting, stopping or without Redis: try again."""
+SUBMIT_RETRY_FOR_S: float = 60.0
+"""How long ``airt submit`` sends its request again (same idempotency key) while the
+control plane is unavailable or the connection breaks after the request left."""
+SUBMIT_CONNECT_FOR_S: float = 5.0
+"""How long it tries again while the control plane refuses connections (nothing was
+sent; beyond a restart's few seconds it is an address that is wrong)."""
+
+
+def submit_request(base: str, token: str, body: dict[str, Any], key: str) -> Any:
+    """``POST /v1/runs`` with ``Idempotency-Key: key``, sent again (the same key: never
+    a second run) after a broken connection, a timeout or a 502/503/504, for
+    :data:`SUBMIT_RETRY_FOR_S` (:data:`SUBMIT_CONNECT_FOR_S` while connections are
+    refused); another 4xx/5xx is exit 2 with the server's message."""
+    url = f"{base}/v1/runs"
+    headers = {"authorization": f"Bearer {token}", "idempotency-key": key}
+    started = time.monotonic()
+    delay = 0.2
+    while True:
+        budget = SUBMIT_RETRY_FOR_S
+        try:
+            resp = httpx.post(url, json=body, headers=headers, timeout=60)
+        except httpx.TransportError as exc:
+            problem = f"cannot reach the control plane at {url}: {exc}"
+            if isinstance(exc, httpx.ConnectError):
+                budget = SUBMIT_CONNECT_FOR_S
+        else:
+            if resp.status_code < 400:
+                return resp.json()
+            problem = f"{resp.status_code}: {detail_text(error_detail(resp))}"
+            if resp.status_code not in UNAVAILABLE:
+                raise invalid(problem)
+        if time.monotonic() - started + delay > budget:
+            raise invalid(f"{problem} (tried for {time.monotonic() - started:.0f} s)")
+        console.print(f"{problem}; sending it again (idempotency key {key})", highlight=False)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs: Any) -> Any:
@@ -147,20 +189,35 @@ def submit(
     ] = False,
     mode: Annotated[SubmitMode | None, typer.Option()] = None,
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=VALUE")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Submitting again with this key (and the same request) answers with the "
+            "run it created instead of making another, for 24 h. Default: a new key each "
+            "time, which still makes this command's own retries safe.",
+        ),
+    ] = None,
     api: _Api = None,
     token: _Token = None,
 ) -> None:
     """Submit PIPELINE to the control plane; with --wait follow it until it ends, print its
-    steps' outputs and exit like ``airt run`` (0 succeeded, 1 failed or cancelled)."""
+    steps' outputs and exit like ``airt run`` (0 succeeded, 1 failed or cancelled). A
+    broken connection or an unavailable control plane is retried with the same
+    idempotency key: one run, however often the request is sent."""
     body: dict[str, Any] = {
         "pipeline": pipeline_document(pipeline),
         "inputs": parse_kv(inputs or [], "--input"),
     }
     if mode is not None:
         body["mode"] = mode.value
+    if idempotency_key is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, idempotency_key):
+        raise invalid(
+            f"--idempotency-key: {idempotency_key!r} is not 1-255 visible ASCII characters"
+        )
     base, tok = _client(api, token, tenant)
-    run = api_call("POST", f"{base}/v1/runs", tok, json=body)
-    console.print(f"submitted {run['shared_run_id']}: {run['status']}")
+    run = submit_request(base, tok, body, idempotency_key or f"airt-{uuid.uuid4().hex}")
+    replayed = " (the run this idempotency key created)" if run.get("replayed") else ""
+    console.print(f"submitted {run['shared_run_id']}: {run['status']}{replayed}")
     if not wait:
         out.print(json.dumps(run))
         return

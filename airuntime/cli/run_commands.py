@@ -18,6 +18,7 @@ import httpx
 import typer
 
 from airuntime.cli.client import (
+    UNAVAILABLE,
     _Api,
     _client,
     _Token,
@@ -191,8 +192,6 @@ def events(
             return
 
 
-_UNAVAILABLE = frozenset({502, 503, 504})
-"""Answers of a control plane that is starting, stopping or without Redis: try again."""
 RECONNECT_FOR_S: float = 60.0
 """How long ``--follow`` keeps trying to reach a control plane that went away (a
 restart, a rolling update) before it gives up, exit 2."""
@@ -211,7 +210,7 @@ def _follow_events(base: str, token: str, srid: str, as_json: bool) -> None:
         try:
             params = {"follow": "true", **({"cursor": cursor} if cursor else {})}
             with httpx.stream("GET", url, headers=headers, params=params, timeout=None) as resp:
-                if resp.status_code >= 400 and resp.status_code not in _UNAVAILABLE:
+                if resp.status_code >= 400 and resp.status_code not in UNAVAILABLE:
                     resp.read()
                     raise invalid(f"{resp.status_code}: {detail_text(error_detail(resp))}")
                 if resp.status_code < 400:

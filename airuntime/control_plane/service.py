@@ -67,6 +67,11 @@ from airuntime.control_plane.shared_runs import (
     SharedRunStore,
     check_created,
 )
+from airuntime.control_plane.submit_idempotency import (
+    Submission,
+    SubmitIdempotency,
+    request_fingerprint,
+)
 from airuntime.control_plane.suspects import SuspectMarks, SuspectPolicy
 from airuntime.control_plane.tenant_settings_cache import TenantSettingsCache
 from airuntime.core import keys
@@ -334,7 +339,28 @@ class ControlPlane:
         replay_of: str | None = None,
     ) -> SharedRun:
         """Persist a shared run and place it according to the submit mode (``replay_of``:
-        the SharedRunId this run replays).
+        the SharedRunId this run replays); :meth:`submission` without a key."""
+        made = await self.submission(
+            pipeline, snapshot, inputs=inputs, metadata=metadata, mode=mode, replay_of=replay_of
+        )
+        assert made.run is not None  # a submission without a key is never a replay
+        return made.run
+
+    async def submission(
+        self,
+        pipeline: dict[str, Any],
+        snapshot: ExecutionContextSnapshot,
+        *,
+        inputs: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
+        mode: SubmitMode | None = None,
+        replay_of: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Submission:
+        """Persist a shared run and place it according to the submit mode, or, when
+        ``idempotency_key`` created a run already, answer with that run
+        (:mod:`~airuntime.control_plane.submit_idempotency`; 409 when it was another
+        request).
 
         The pipeline is compiled against the submitting tenant's handler allowlist
         first (:class:`PipelineRefused` names the step and the handler), as the settings
@@ -342,6 +368,22 @@ class ControlPlane:
         checked by the creating script, and read again when they changed
         (:mod:`~airuntime.control_plane.tenant_settings_cache`)."""
         tenant_id = snapshot.tenant_id
+        idempotency = None
+        if idempotency_key is not None:
+            fingerprint = request_fingerprint(
+                pipeline,
+                snapshot,
+                inputs=inputs,
+                metadata=metadata,
+                mode=mode.value if mode else None,
+                replay_of=replay_of,
+            )
+            idempotency = SubmitIdempotency.of(
+                tenant_id, idempotency_key, self.settings.idempotency_ttl_s, fingerprint
+            )
+            earlier = await self.redis.get(idempotency.key)
+            if earlier is not None:  # a replay compiles and writes nothing
+                return await self._replayed(idempotency_key, idempotency, earlier, tenant_id)
         for _ in range(SUBMIT_ATTEMPTS):
             known, kept = await self.tenant_settings.get(tenant_id)
             try:
@@ -377,11 +419,16 @@ class ControlPlane:
             replies = await self.queue.scripts.call_in_order(
                 self.redis,
                 [
-                    SharedRunStore.create_call(run, known.text),
+                    SharedRunStore.create_call(run, known.text, idempotency),
                     self.queue.enqueue_call(run.shared_run_id, tenant_id),
                 ],
                 then=[QueueTenants.announce_command(tenant_id)],
             )
+            if isinstance(replies[0], list) and idempotency_key and idempotency:
+                # A submission with the same key created its run first: this one wrote
+                # no record; the item queued beside it goes (as for changed settings).
+                await self.queue.cancel(run.shared_run_id, tenant_id)
+                return await self._replayed(idempotency_key, idempotency, replies[0][1], tenant_id)
             if int(replies[0]) != SETTINGS_CHANGED:
                 break
             # Compiled against settings changed since: no record was written. The item
@@ -399,9 +446,24 @@ class ControlPlane:
         if (mode or self.settings.submit_mode) is SubmitMode.DIRECT_DISPATCH:
             # Keep the real admission decision: dispatch this very run now.
             await self.dispatcher.dispatch_run(run.shared_run_id)
-            return await self.runs.require(run.shared_run_id)
+            return Submission(run.shared_run_id, await self.runs.require(run.shared_run_id))
         self.background.wake.set()
-        return run
+        return Submission(run.shared_run_id, run)
+
+    async def _replayed(
+        self, idempotency_key: str, idempotency: SubmitIdempotency, stored: Any, tenant_id: str
+    ) -> Submission:
+        """The run ``idempotency_key`` created (``stored``: the key's value), if this
+        request is the one that created it; 409 otherwise."""
+        shared_run_id, fingerprint = SubmitIdempotency.parse(stored)
+        if fingerprint != idempotency.fingerprint:
+            raise ControlPlaneError(
+                f"idempotency key {idempotency_key!r} was used for another request (it "
+                f"created {shared_run_id}): a key stands for one request; use a new key",
+                status=409,
+            )
+        run = await self.runs.get_for_tenant(shared_run_id, tenant_id)
+        return Submission(shared_run_id, run, replayed=True)
 
     async def _visible(self, shared_run_id: str, tenant_id: str | None) -> SharedRun | None:
         """The run, if ``tenant_id`` may see it (None: no tenant scope, internal callers)."""

@@ -84,6 +84,10 @@ class _BehaviourFields(BaseModel):
     prefix (default 5 s); doubled after each further failure."""
     scale_out_backoff_max_s: float = Field(default=300.0, gt=0)
     """The longest wait between scale-out attempts for one prefix (default 300 s)."""
+    idempotency_ttl_s: float = Field(default=24 * 3600, gt=0, le=30 * 24 * 3600)
+    """How long a submission's idempotency key names the run it created (default 24
+    h): sent again within it, the request is that run
+    (:mod:`~airuntime.control_plane.submit_idempotency`)."""
     retention_s: float = Field(default=7 * 24 * 3600, gt=0)
     """How long terminal shared runs, their queue items and scale-out records are kept
     (default 7 days, counted from the end of the run)."""

@@ -18,7 +18,7 @@ zset, ``air:{air}:sruns:open`` zset (not terminal: the reconciler's work list) w
 the indexes change in the same transaction as the record. A submitted run is created
 QueuedGlobally in one script (:meth:`SharedRunStore.create_queued`); its queue item
 lives in its tenant's queue slot, so the submitter enqueues it right after (see
-``submitSharedRun-6.lua`` for what a cancel or a crash in between does).
+``submitSharedRun-7.lua`` for what a cancel or a crash in between does).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from airuntime.control_plane.json_records import update_record, update_records
+from airuntime.control_plane.submit_idempotency import SubmitIdempotency
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
 from airuntime.core.parsed_records import ParsedRecords
@@ -201,6 +202,9 @@ def _index_terminal(pipe: Any, changed: list[tuple[SharedRun, SharedRun]]) -> No
 SETTINGS_CHANGED = -2
 """``submitSharedRun``: the tenant's settings are no longer those the pipeline was
 compiled against; nothing was written."""
+IDEMPOTENT_REPLAY = -3
+"""``submitSharedRun``: the idempotency key was used already (the reply is ``[-3,
+"<SharedRunId> <fingerprint>"]``); nothing was written."""
 
 
 def check_created(run: SharedRun, reply: Any) -> None:
@@ -242,7 +246,7 @@ class SharedRunStore:
 
     async def create_queued(self, run: SharedRun) -> None:
         """Persist a new QueuedGlobally run and index it, in one script
-        (``submitSharedRun-6.lua``), against its tenant's settings as they are now; the
+        (``submitSharedRun-7.lua``), against its tenant's settings as they are now; the
         caller then enqueues its item
         (:meth:`SharedQueue.enqueue <airuntime.control_plane.shared_queue.SharedQueue.enqueue>`)."""
         _, text = await Registry(self.redis).tenant_with_text(run.snapshot.tenant_id)
@@ -251,12 +255,16 @@ class SharedRunStore:
         check_created(run, reply)
 
     @staticmethod
-    def create_call(run: SharedRun, settings_text: bytes) -> ScriptCall:
+    def create_call(
+        run: SharedRun, settings_text: bytes, idempotency: SubmitIdempotency | None = None
+    ) -> ScriptCall:
         """The script call of :meth:`create_queued`, for a caller that sends it with
         others; :func:`check_created` judges its reply. ``settings_text``: the tenant's
         settings the run's pipeline was compiled against, as stored (``b""``: none
         stored); the script creates nothing when they changed since
-        (:data:`SETTINGS_CHANGED`)."""
+        (:data:`SETTINGS_CHANGED`). ``idempotency``: the key it sets with the record,
+        or, when the key was used already, creates nothing and answers
+        (:data:`IDEMPOTENT_REPLAY`, the stored value)."""
         if run.status is not SharedRunStatus.QUEUED_GLOBALLY:
             raise ValueError(f"create_queued needs a QueuedGlobally run, got {run.status}")
         tenant_id = run.snapshot.tenant_id
@@ -269,6 +277,7 @@ class SharedRunStore:
                 keys.shared_runs_open(),
                 keys.shared_runs_open_tenants(),
                 keys.tenant_settings(tenant_id),
+                idempotency.key if idempotency else keys.submit_idempotency(tenant_id, ""),
             ],
             [
                 run.shared_run_id,
@@ -276,6 +285,8 @@ class SharedRunStore:
                 run.created_at_ms,
                 tenant_id,
                 settings_text,
+                idempotency.value(run.shared_run_id) if idempotency else "",
+                idempotency.ttl_ms if idempotency else 0,
             ],
         )
 

@@ -6,7 +6,7 @@ quarter of a streamed run's round trips and about a fifth of the control plane's
 run (``python -m benchmarks.dispatch --scenarios streaming``: 1,310 -> 1,640 runs/s
 with the read gone). Settings change rarely, so a control plane keeps the last text it
 read per tenant. A kept entry never decides on its own: the script that creates the
-shared run (``submitSharedRun-6.lua``) compares the stored settings with the text the
+shared run (``submitSharedRun-7.lua``) compares the stored settings with the text the
 pipeline was compiled against, byte for byte, and writes nothing when they differ;
 the submitter then forgets the entry, reads the settings again and compiles again; and
 a pipeline the kept settings refuse is compiled again against freshly read ones before

@@ -169,12 +169,16 @@ key                                 type    content / written by
                                             finishRun-6 (MAXLEN ~ OUTCOMES_MAXLEN); the
                                             control plane reads each (consumer group).
 ``air:run-layout``                  string  run bucket count R, SET NX by the first accept.
-``air:{air}:srun:<SRID>``           string  SharedRun JSON. submitSharedRun-6; compare-and-
+``air:{air}:srun:<SRID>``           string  SharedRun JSON. submitSharedRun-7; compare-and-
                                             set transactions (WATCH) with the indexes below.
+``air:{air}:idem:<t>:<sha>``        string  ``<SRID> <request fingerprint>`` of tenant t's
+                                            submission with an idempotency key (sha-256
+                                            of the key, 32 hex). submitSharedRun-7 sets
+                                            it with the record, PX the idempotency TTL.
 ``air:{air}:sruns[:tenant:<t>]``    zset    shared runs by creation time (all / per tenant).
-                                            submitSharedRun-6; retention.
+                                            submitSharedRun-7; retention.
 ``air:{air}:sruns:open``            zset    non-terminal shared runs (reconciler).
-                                            submitSharedRun-6; a terminal transition removes.
+                                            submitSharedRun-7; a terminal transition removes.
 ``air:{air}:sruns:open:tenant``     hash    SharedRunId -> tenant of each open run (where
                                             its queue item is; metrics). Same writers.
 ``air:{air}:sruns:finished``        zset    terminal shared runs by finish time (retention).
@@ -222,6 +226,7 @@ key                                 type    content / written by
 from __future__ import annotations
 
 import functools
+import hashlib
 import zlib
 from dataclasses import dataclass
 
@@ -545,6 +550,13 @@ def shared_run(shared_run_id: str) -> str:
 
 def shared_runs() -> str:
     return f"{CONTROL}:sruns"
+
+
+def submit_idempotency(tenant_id: str, idempotency_key: str) -> str:
+    """Tenant ``tenant_id``'s submission made with ``idempotency_key`` (hashed: any
+    key, one bounded name; the tenant in the name keeps tenants' keys apart)."""
+    digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+    return f"{CONTROL}:idem:{tenant_id}:{digest}"
 
 
 def shared_runs_by_tenant(tenant_id: str) -> str:

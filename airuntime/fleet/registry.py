@@ -272,7 +272,7 @@ class Registry:
     async def tenant_with_text(self, tenant_id: str) -> tuple[TenantSettings, bytes]:
         """:meth:`tenant`, and the stored text those settings were read from, byte for
         byte (``b""``: none stored), for a caller that later checks, in a script, that
-        they are still what it decided on (``submitSharedRun-6.lua``)."""
+        they are still what it decided on (``submitSharedRun-7.lua``)."""
         raw = await self.redis.get(keys.tenant_settings(tenant_id))
         text = raw.encode() if isinstance(raw, str) else (raw or b"")
         return stored_settings(tenant_id, raw), text

@@ -69,6 +69,28 @@ async def test_each_role_is_refused_every_tool_it_may_not_use(
     assert denials == 9 + 6 + 1  # viewer, submitter, operator (admin is refused nothing)
 
 
+async def test_submit_run_with_an_idempotency_key_called_again_is_the_same_run(
+    valkey: Any, history: Any, manual: ControlPlaneSettings
+) -> None:
+    """An agent whose call's answer was lost calls again: one run. The key is the
+    tenant's own; the same key with other inputs is refused naming the run."""
+    async with (
+        stack(valkey, history, manual) as s,
+        mcp_session(s.url, "operator-a") as a,
+        mcp_session(s.url, "operator-b") as b,
+    ):
+        args = {"pipeline": TINY, "inputs": {"word": "x"}, "idempotency_key": "agent-call-1"}
+        first = await ok(a, "submit_run", **args)
+        again = await ok(a, "submit_run", **args)
+        assert again["shared_run_id"] == first["shared_run_id"]
+        assert (first["replayed"], again["replayed"]) == (False, True)
+        theirs = await ok(b, "submit_run", **args)
+        assert theirs["shared_run_id"] != first["shared_run_id"] and not theirs["replayed"]
+        other = await refused(a, "submit_run", **{**args, "inputs": {"word": "y"}})
+        assert "was used for another request" in other and first["shared_run_id"] in other
+        assert len((await ok(a, "list_runs"))["runs"]) == 1
+
+
 async def test_another_tenants_run_is_not_found_like_a_missing_one(
     valkey: Any, history: Any, manual: ControlPlaneSettings
 ) -> None:

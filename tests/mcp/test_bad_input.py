@@ -29,6 +29,11 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ("submit_run", {"pipeline": TINY, "project": "secret"}, ["permission denied", "'secret'"]),
     ("submit_run", {"pipeline": TINY, "metadata": {"k": "v" * 2000}}, ["metadata.k", "1024"]),
     ("submit_run", {"pipeline": TINY, "inputs": {"x": "y" * 300_000}}, ["inputs", "bytes"]),
+    (
+        "submit_run",
+        {"pipeline": TINY, "idempotency_key": "has space"},
+        ["idempotency_key", "'has space'"],
+    ),
     ("get_run", {"shared_run_id": "sr-nope"}, ["shared_run_id", "'sr-nope'"]),
     ("get_run", {}, ["shared_run_id", "required"]),
     ("list_runs", {"status": ["Exploded"]}, ["status.0", "'Exploded'"]),

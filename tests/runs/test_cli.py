@@ -227,6 +227,19 @@ def test_what_tenants_wrote_prints_literally_and_lines_stay_whole_in_80_columns(
     assert json.loads(second.stdout)["shared_run_id"].startswith("sr-"), second.stdout
 
 
+def test_submit_again_with_the_same_idempotency_key_is_the_same_run(
+    served: ServedControlPlane,
+) -> None:
+    first = airt(served, "submit", "summarize-documents", "--idempotency-key", "nightly-2026-12-07")
+    again = airt(served, "submit", "summarize-documents", "--idempotency-key", "nightly-2026-12-07")
+    srid = json.loads(ok(first))["shared_run_id"]
+    assert json.loads(ok(again))["shared_run_id"] == srid
+    assert "(the run this idempotency key created)" in again.stderr, again.stderr
+    assert "idempotency key created" not in first.stderr
+    bad = airt(served, "submit", "summarize-documents", "--idempotency-key", "two words")
+    assert bad.returncode == 2 and "--idempotency-key: 'two words'" in bad.stderr, bad.stderr
+
+
 def test_answer_pause_resume_and_follow_through_the_cli(served: ServedControlPlane) -> None:
     result = airt(served, "submit", "human-input")
     srid = json.loads(ok(result))["shared_run_id"]

@@ -116,6 +116,11 @@ class SubmitResponse(_Body):
     status: SharedRunStatus
     assigned_instance_id: str | None
     run_id: str | None
+    replayed: bool = Field(
+        default=False,
+        description="The Idempotency-Key created this run before: nothing was created now "
+        "(the answer also carries `Idempotent-Replayed: true`).",
+    )
 
 
 class CancelResponse(_Body):

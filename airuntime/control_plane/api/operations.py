@@ -114,9 +114,16 @@ def execution_of(found: RunMaterial) -> ExecutionMaterial:
 # -- submit / cancel / replay -----------------------------------------------------------
 
 
-async def submit(context: ApiContext, who: Principal, body: SubmitRequest) -> SubmitResponse:
+async def submit(
+    context: ApiContext,
+    who: Principal,
+    body: SubmitRequest,
+    idempotency_key: str | None = None,
+) -> SubmitResponse:
     """Submit a run as the caller's tenant; the snapshot's other fields only within what
-    the token allows (:class:`~airuntime.control_plane.rbac.NotAllowed` otherwise)."""
+    the token allows (:class:`~airuntime.control_plane.rbac.NotAllowed` otherwise). With
+    ``idempotency_key``, a request sent again is the run it created
+    (:mod:`~airuntime.control_plane.submit_idempotency`)."""
     try:
         document = body.document()
     except PipelineYamlError as exc:
@@ -131,14 +138,30 @@ async def submit(context: ApiContext, who: Principal, body: SubmitRequest) -> Su
         )
     except ValidationError as exc:
         raise InvalidField("snapshot", str(exc)) from None
-    run = await context.control_plane.submit(
-        document, snapshot, inputs=body.inputs, metadata=body.metadata, mode=body.mode
+    made = await context.control_plane.submission(
+        document,
+        snapshot,
+        inputs=body.inputs,
+        metadata=body.metadata,
+        mode=body.mode,
+        idempotency_key=idempotency_key,
     )
+    run = made.run
+    if run is None:  # a replay of a run Redis no longer holds: it has been archived
+        archived = await context.material.shared_run(made.shared_run_id, who.tenant_id)
+        if archived is None:
+            raise ControlPlaneError(
+                f"idempotency key {idempotency_key!r} created {made.shared_run_id}, which "
+                "is no longer kept: use a new key",
+                status=409,
+            )
+        run = archived[0]
     return SubmitResponse(
         shared_run_id=run.shared_run_id,
         status=run.status,
         assigned_instance_id=run.assigned_instance_id,
         run_id=run.run_id,
+        replayed=made.replayed,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Header, Path, Response
 
 from airuntime.control_plane.api import operations
 from airuntime.control_plane.api.deps import (
@@ -21,6 +21,7 @@ from airuntime.control_plane.api.deps import (
 from airuntime.control_plane.api.models import CancelResponse, SubmitRequest, SubmitResponse
 from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN
+from airuntime.control_plane.submit_idempotency import IDEMPOTENCY_KEY_PATTERN
 
 router = APIRouter(
     prefix="/v1/runs", tags=["runs"], route_class=StrictJsonRoute, responses=AUTHENTICATED
@@ -29,6 +30,17 @@ router = APIRouter(
 NOT_FOUND: Responses = {404: error("No such run visible to the caller.")}
 SharedRunId = Annotated[
     str, Path(pattern=SHARED_RUN_ID_PATTERN, description="A SharedRunId (`sr-` + 32 hex).")
+]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="Makes the submit safe to send again (a timeout, a lost connection, a "
+        "503): the same key with the same request within the idempotency TTL (24 h) answers "
+        "with the run it created and creates nothing; with another request, 409. 1-255 "
+        "visible ASCII characters; the tenant's own.",
+    ),
 ]
 
 
@@ -39,12 +51,22 @@ SharedRunId = Annotated[
     responses={
         **WITH_BODY,
         403: error("The token lacks the submit capability, or does not allow a snapshot field."),
+        409: error("The Idempotency-Key was used for another request."),
     },
 )
-async def submit(body: SubmitRequest, who: Submitter, context: Context) -> SubmitResponse:
+async def submit(
+    body: SubmitRequest,
+    who: Submitter,
+    context: Context,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> SubmitResponse:
     """Submit a run as the token's tenant; the snapshot's other fields only within what
-    the token allows."""
-    return await operations.submit(context, who, body)
+    the token allows. With an ``Idempotency-Key``, sending it again is safe."""
+    answer = await operations.submit(context, who, body, idempotency_key)
+    if answer.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return answer
 
 
 @router.post("/{shared_run_id}/cancel", response_model=CancelResponse, responses=NOT_FOUND)

@@ -48,6 +48,7 @@ from airuntime.control_plane.run_listing import RunFilter
 from airuntime.control_plane.run_views import RunDetails
 from airuntime.control_plane.settings import SubmitMode
 from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN, SharedRunStatus
+from airuntime.control_plane.submit_idempotency import IDEMPOTENCY_KEY_PATTERN
 from airuntime.fleet.tenancy import TenantSettings
 
 T = TypeVar("T")
@@ -130,13 +131,27 @@ class AirTools:
         namespaces: list[str] | None = None,
         context_key: str | None = None,
         tenant_group_id: str | None = None,
+        idempotency_key: Annotated[
+            str | None,
+            Field(
+                pattern=IDEMPOTENCY_KEY_PATTERN,
+                description="Makes calling again safe (a lost answer, a timeout): the same "
+                "key with the same request answers with the run it created (replayed: "
+                "true) and creates nothing; with another request it is refused.",
+            ),
+        ] = None,
     ) -> SubmitResponse:
         """Submit a run as the caller's tenant: exactly one of pipeline / pipeline_yaml;
         the other snapshot fields only within what the token allows."""
-        given = {k: v for k, v in locals().items() if k not in ("self", "ctx") and v is not None}
+        given = {
+            k: v
+            for k, v in locals().items()
+            if k not in ("self", "ctx", "idempotency_key") and v is not None
+        }
 
         async def act(who: Principal) -> SubmitResponse:
-            return await operations.submit(self.context, who, SubmitRequest.model_validate(given))
+            request = SubmitRequest.model_validate(given)
+            return await operations.submit(self.context, who, request, idempotency_key)
 
         return await self._call(ctx, "submit_run", act)
 
