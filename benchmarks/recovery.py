@@ -72,15 +72,13 @@ async def _runtime_freeze(c: Cluster) -> None:
 
 
 async def _control_plane_kill(c: Cluster) -> None:
-    async with c.quiet:
-        await c.kill_control_plane()
-        await c.start_control_plane()
+    await c.kill_control_plane()
+    await c.start_control_plane()
 
 
 async def _valkey_restart(c: Cluster) -> None:
-    async with c.quiet:
-        c.stop_valkey(kill=True)
-        await c.start_valkey()
+    c.stop_valkey(kill=True)
+    await c.start_valkey()
 
 
 async def _runtime_unreachable(c: Cluster) -> None:

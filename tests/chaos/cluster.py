@@ -6,12 +6,14 @@ thing -- a Valkey with an append-only file on a fixed port (or, with
 a ``redis+cluster://`` URL), ``airt control-plane`` (background pump on) on a fixed
 port, and ``airt runtime`` processes with the ``http`` provider and a runtime token --
 plus ways to break each of them: ``kill -9`` and restart, ``SIGSTOP``/``SIGCONT``, a
-Valkey stopped and started on the same address, a cluster master failing over.
+Valkey stopped and started on the same address (or frozen), a cluster master failing
+over.
 
-Submissions go through the control plane's HTTP API. A submission and a fault never
-overlap (:attr:`Cluster.quiet`): a POST cut by a kill might or might not have created its
-run, and the test must know exactly which runs exist. A POST refused while the control
-plane or Valkey is down wrote nothing and is retried.
+Submissions go through the control plane's HTTP API while the faults happen, each with
+an ``Idempotency-Key`` of its own: a POST cut by a kill, timed out by a frozen Valkey or
+refused (503) is sent again with the same key until it is answered, and the key makes
+it one run whether or not the first attempt created it -- so the test knows exactly
+which runs exist. (Before the keys, submissions and faults took turns.)
 """
 
 from __future__ import annotations
@@ -143,8 +145,9 @@ class Cluster:
     api_port: int = field(init=False, default_factory=free_port)
     control_plane: Proc | None = field(init=False, default=None)
     runtimes: dict[str, Proc] = field(init=False, default_factory=dict)
-    quiet: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
     _next_runtime: int = field(init=False, default=0)
+    replayed: int = field(init=False, default=0)
+    """Submissions answered with the run an earlier attempt had created (printed)."""
     redis: RedisClient = field(init=False)
 
     def __post_init__(self) -> None:
@@ -305,6 +308,16 @@ class Cluster:
     async def start_valkey(self) -> None:
         await self.valkey.start()
 
+    def freeze_valkey(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers (a hung server, a network
+        that drops packets) -- until :meth:`thaw_valkey`."""
+        assert isinstance(self.valkey, RestartableValkey)
+        self.valkey.signal(signal.SIGSTOP)
+
+    def thaw_valkey(self) -> None:
+        assert isinstance(self.valkey, RestartableValkey)
+        self.valkey.signal(signal.SIGCONT)
+
     async def fail_over(self, rng: Any) -> str:
         """A planned failover of a random master of the cluster (see
         :class:`ChaosValkeyCluster`); what happened, for the log."""
@@ -314,15 +327,19 @@ class Cluster:
     # -- submissions -------------------------------------------------------------------
 
     async def submit(self, n: int, doc: dict[str, Any], timeout_s: float = 120.0) -> str:
-        """POST one run (inputs ``{"n": n}``); retried while the system is down."""
+        """POST one run (inputs ``{"n": n}``, the key ``run-<n>``); sent again, with the
+        same key, after any failure -- a refused or cut connection, a timeout, a 503."""
         deadline = time.monotonic() + timeout_s
+        body = {"pipeline": doc, "inputs": {"n": n}}
         while True:
-            async with self.quiet:
-                try:
-                    r = await self.api.post("/v1/runs", json={"pipeline": doc, "inputs": {"n": n}})
-                except httpx.ConnectError:
-                    r = None
+            try:
+                r = await self.api.post(
+                    "/v1/runs", json=body, headers={"idempotency-key": f"run-{n}"}
+                )
+            except httpx.TransportError:
+                r = None
             if r is not None and r.status_code == 202:
+                self.replayed += bool(r.json()["replayed"])
                 return str(r.json()["shared_run_id"])
             if r is not None and r.status_code != 503:
                 raise AssertionError(f"submit {n}: {r.status_code} {r.text}")

@@ -8,7 +8,10 @@ are submitted and running, faults chosen by a seeded RNG (``CHAOS_SEED`` overrid
 seed; it is printed) hit the system: ``kill -9`` of a runtime and a new one started with
 the same prefix, a runtime frozen with SIGSTOP beyond its heartbeat TTL then SIGCONT,
 ``kill -9`` of the control plane and a restart, Valkey stopped (SIGTERM or SIGKILL) and
-started again on the same port from its append-only file. Nothing else is done by hand.
+started again on the same port from its append-only file, Valkey frozen (SIGSTOP) past
+the clients' socket timeout and let go. Submissions go on throughout, each sent again
+with its ``Idempotency-Key`` until it is answered (the number answered with the run an
+earlier attempt had created is printed). Nothing else is done by hand.
 The ``valkey-cluster`` variant runs the same on a 3-master + 3-replica Valkey Cluster
 (every process given a ``redis+cluster://`` URL), where a master failing over to its
 replica (planned: nothing acknowledged is lost) replaces the Valkey restart.
@@ -66,30 +69,43 @@ async def freeze_runtime(cluster: Cluster, rng: random.Random) -> str:
 
 
 async def kill_control_plane(cluster: Cluster, rng: random.Random) -> str:
-    async with cluster.quiet:
-        await cluster.kill_control_plane()
-        down_s = rng.uniform(0.3, 1.5)
-        await asyncio.sleep(down_s)
-        await cluster.start_control_plane()
+    await cluster.kill_control_plane()
+    down_s = rng.uniform(0.3, 1.5)
+    await asyncio.sleep(down_s)
+    await cluster.start_control_plane()
     return f"kill -9 control plane, down {down_s:.1f} s"
 
 
 async def restart_valkey(cluster: Cluster, rng: random.Random) -> str:
     kill = rng.random() < 0.5
-    async with cluster.quiet:
-        cluster.stop_valkey(kill=kill)
-        down_s = rng.uniform(0.3, 2.0)
-        await asyncio.sleep(down_s)
-        await cluster.start_valkey()
+    cluster.stop_valkey(kill=kill)
+    down_s = rng.uniform(0.3, 2.0)
+    await asyncio.sleep(down_s)
+    await cluster.start_valkey()
     return f"Valkey {'SIGKILL' if kill else 'SIGTERM'}, down {down_s:.1f} s"
 
 
+async def freeze_valkey(cluster: Cluster, rng: random.Random) -> str:
+    """Longer than the clients' socket timeout (5 s): calls under way time out, and
+    what they had sent still runs once the server goes on."""
+    frozen_s = rng.uniform(6.0, 9.0)
+    cluster.freeze_valkey()
+    await asyncio.sleep(frozen_s)
+    cluster.thaw_valkey()
+    return f"SIGSTOP Valkey for {frozen_s:.1f} s"
+
+
 async def fail_over_a_master(cluster: Cluster, rng: random.Random) -> str:
-    async with cluster.quiet:
-        return await cluster.fail_over(rng)
+    return await cluster.fail_over(rng)
 
 
-FAULTS: tuple[Fault, ...] = (kill_runtime, freeze_runtime, kill_control_plane, restart_valkey)
+FAULTS: tuple[Fault, ...] = (
+    kill_runtime,
+    freeze_runtime,
+    kill_control_plane,
+    restart_valkey,
+    freeze_valkey,
+)
 CLUSTER_FAULTS: tuple[Fault, ...] = (
     kill_runtime,
     freeze_runtime,
@@ -152,6 +168,7 @@ async def test_every_run_ends_once_with_one_effect_per_step_under_faults(
         await until(all_terminal, RECOVERY_BOUND_S, f"{RUNS} runs terminal after the last fault")
         took = time.monotonic() - last_fault
         print(f"chaos: all runs terminal {took:.1f} s after the last fault")
+        print(f"chaos: {cluster.replayed} submissions answered with an earlier attempt's run")
         runs = await shared_runs(cluster, srids)
         assert runs is not None and len(runs) == RUNS, "a submitted run is missing"
         statuses = Counter(r.status for r in runs)

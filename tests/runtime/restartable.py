@@ -72,6 +72,11 @@ class RestartableValkey:
         finally:
             await client.aclose()
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the running server (SIGSTOP / SIGCONT: freeze, thaw)."""
+        assert self._proc is not None, "not running"
+        self._proc.send_signal(signum)
+
     def kill(self) -> None:
         """SIGKILL: no shutdown, no goodbye to clients."""
         if self._proc is not None:
