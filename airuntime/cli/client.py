@@ -63,12 +63,16 @@ SUBMIT_CONNECT_FOR_S: float = 5.0
 sent; beyond a restart's few seconds it is an address that is wrong)."""
 
 
-def submit_request(base: str, token: str, body: dict[str, Any], key: str) -> Any:
-    """``POST /v1/runs`` with ``Idempotency-Key: key``, sent again (the same key: never
-    a second run) after a broken connection, a timeout or a 502/503/504, for
-    :data:`SUBMIT_RETRY_FOR_S` (:data:`SUBMIT_CONNECT_FOR_S` while connections are
-    refused); another 4xx/5xx is exit 2 with the server's message."""
-    url = f"{base}/v1/runs"
+def new_idempotency_key() -> str:
+    """A key of this command's own: its retries are one run; another command, another."""
+    return f"airt-{uuid.uuid4().hex}"
+
+
+def create_request(url: str, token: str, key: str, body: dict[str, Any] | None = None) -> Any:
+    """A ``POST`` that creates a run (submit, replay) with ``Idempotency-Key: key``, sent
+    again (the same key: never a second run) after a broken connection, a timeout or a
+    502/503/504, for :data:`SUBMIT_RETRY_FOR_S` (:data:`SUBMIT_CONNECT_FOR_S` while
+    connections are refused); another 4xx/5xx is exit 2 with the server's message."""
     headers = {"authorization": f"Bearer {token}", "idempotency-key": key}
     started = time.monotonic()
     delay = 0.2
@@ -215,7 +219,7 @@ def submit(
             f"--idempotency-key: {idempotency_key!r} is not 1-255 visible ASCII characters"
         )
     base, tok = _client(api, token, tenant)
-    run = submit_request(base, tok, body, idempotency_key or f"airt-{uuid.uuid4().hex}")
+    run = create_request(f"{base}/v1/runs", tok, idempotency_key or new_idempotency_key(), body)
     replayed = " (the run this idempotency key created)" if run.get("replayed") else ""
     console.print(f"submitted {run['shared_run_id']}: {run['status']}{replayed}")
     if not wait:

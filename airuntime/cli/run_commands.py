@@ -23,8 +23,10 @@ from airuntime.cli.client import (
     _client,
     _Token,
     api_call,
+    create_request,
     detail_text,
     error_detail,
+    new_idempotency_key,
     shared_run_id,
 )
 from airuntime.cli.common import (
@@ -411,7 +413,7 @@ def replay(
 ) -> None:
     """Submit the run again (same pipeline, inputs, context) as a new linked run."""
     base, tok = _conn(ctx, tenant)
-    new = api_call("POST", f"{base}/v1/runs/{srid}/replay", tok, timeout=60)
+    new = create_request(f"{base}/v1/runs/{srid}/replay", tok, new_idempotency_key())
     console.print(f"replay {new['shared_run_id']} of {srid}: {new['status']}")
     if not compare:
         _dump(new)

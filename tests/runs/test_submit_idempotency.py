@@ -217,3 +217,22 @@ async def test_airt_submit_sends_a_request_whose_answer_was_lost_again_and_makes
     answered = json.loads(out)
     assert answered["replayed"] is True
     assert await tenant_runs(hot, "tenant-a") == [answered["shared_run_id"].encode()]
+
+
+async def test_a_replay_asked_again_with_its_key_is_one_new_run(api: Api) -> None:
+    original = (await post(api, BODY, None)).json()["shared_run_id"]
+    await ended(api.client, original)
+    other = (await post(api, {**BODY, "inputs": {"n": 2}}, None)).json()["shared_run_id"]
+    url = f"/v1/runs/{original}/replay"
+    headers = {**auth("alice-a"), "idempotency-key": "replay-once"}
+    first = await api.client.post(url, headers=headers)
+    again = await api.client.post(url, headers=headers)
+    assert first.status_code == again.status_code == 202, (first.text, again.text)
+    assert first.json()["replayed"] is False and again.json()["replayed"] is True
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["shared_run_id"] == first.json()["shared_run_id"] != original
+    assert again.json()["replay_of"] == original
+    refused = await api.client.post(f"/v1/runs/{other}/replay", headers=headers)
+    assert refused.status_code == 409, refused.text  # the key stands for the first replay
+    assert first.json()["shared_run_id"] in refused.json()["detail"]
+    assert len(await tenant_runs(api.redis, "tenant-a")) == 3  # two originals, one replay

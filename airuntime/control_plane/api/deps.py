@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from airuntime.control_plane.api.models import ErrorBody
@@ -25,6 +25,7 @@ from airuntime.control_plane.run_ledger import LedgerReader
 from airuntime.control_plane.run_listing import RunListing
 from airuntime.control_plane.run_material import MaterialLoader
 from airuntime.control_plane.service import ControlPlane
+from airuntime.control_plane.submit_idempotency import IDEMPOTENCY_KEY_PATTERN
 from airuntime.history.store import HistoryStore
 
 Responses = dict[int | str, dict[str, Any]]
@@ -116,6 +117,18 @@ def _need(capability: Capability) -> Callable[[Principal], Awaitable[Principal]]
 
 Reader = Annotated[Principal, Depends(_need(Capability.READ))]
 Submitter = Annotated[Principal, Depends(_need(Capability.SUBMIT))]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="Makes the submit safe to send again (a timeout, a lost connection, a "
+        "503): the same key with the same request within the idempotency TTL (24 h) answers "
+        "with the run it created and creates nothing; with another request, 409. 1-255 "
+        "visible ASCII characters; the tenant's own.",
+    ),
+]
+"""The ``Idempotency-Key`` header of a request that creates a run (submit, replay)."""
 Canceller = Annotated[Principal, Depends(_need(Capability.CANCEL))]
 Drainer = Annotated[Principal, Depends(_need(Capability.DRAIN))]
 Admin = Annotated[Principal, Depends(_need(Capability.ADMIN))]

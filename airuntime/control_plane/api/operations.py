@@ -49,6 +49,8 @@ from airuntime.control_plane.run_material import ExecutionMaterial, RunMaterial
 from airuntime.control_plane.run_trace import build_report, build_trace
 from airuntime.control_plane.run_views import RunDetails, run_details
 from airuntime.control_plane.service import ControlPlaneError
+from airuntime.control_plane.shared_runs import SharedRun
+from airuntime.control_plane.submit_idempotency import Submission
 from airuntime.core.errors import (
     ControlBlocked,
     EngineError,
@@ -146,16 +148,7 @@ async def submit(
         mode=body.mode,
         idempotency_key=idempotency_key,
     )
-    run = made.run
-    if run is None:  # a replay of a run Redis no longer holds: it has been archived
-        archived = await context.material.shared_run(made.shared_run_id, who.tenant_id)
-        if archived is None:
-            raise ControlPlaneError(
-                f"idempotency key {idempotency_key!r} created {made.shared_run_id}, which "
-                "is no longer kept: use a new key",
-                status=409,
-            )
-        run = archived[0]
+    run = await _made_run(context, who, made, idempotency_key)
     return SubmitResponse(
         shared_run_id=run.shared_run_id,
         status=run.status,
@@ -176,19 +169,44 @@ async def cancel(context: ApiContext, who: Principal, shared_run_id: str) -> Can
     return CancelResponse(shared_run_id=run.shared_run_id, status=run.status, reason=run.reason)
 
 
-async def replay(context: ApiContext, who: Principal, shared_run_id: str) -> ReplayResponse:
-    """Submit the run's pipeline, inputs and context snapshot again as a new linked run."""
+async def replay(
+    context: ApiContext, who: Principal, shared_run_id: str, idempotency_key: str | None = None
+) -> ReplayResponse:
+    """Submit the run's pipeline, inputs and context snapshot again as a new linked run
+    (with ``idempotency_key``: once, however often it is asked)."""
     original = (await material(context, shared_run_id, who.tenant_id)).run
-    run = await context.control_plane.submit(
+    made = await context.control_plane.submission(
         original.pipeline,
         original.snapshot,
         inputs=original.inputs,
         metadata=original.metadata,
         replay_of=original.shared_run_id,
+        idempotency_key=idempotency_key,
     )
+    run = await _made_run(context, who, made, idempotency_key)
     return ReplayResponse(
-        shared_run_id=run.shared_run_id, replay_of=original.shared_run_id, status=run.status
+        shared_run_id=run.shared_run_id,
+        replay_of=original.shared_run_id,
+        status=run.status,
+        replayed=made.replayed,
     )
+
+
+async def _made_run(
+    context: ApiContext, who: Principal, made: Submission, idempotency_key: str | None
+) -> SharedRun:
+    """The run a submission made, read from the archive when a replayed key's run has
+    left Redis; 409 when it is kept nowhere any more."""
+    if made.run is not None:
+        return made.run
+    archived = await context.material.shared_run(made.shared_run_id, who.tenant_id)
+    if archived is None:
+        raise ControlPlaneError(
+            f"idempotency key {idempotency_key!r} created {made.shared_run_id}, which is "
+            "no longer kept: use a new key",
+            status=409,
+        )
+    return archived[0]
 
 
 # -- steer ------------------------------------------------------------------------------

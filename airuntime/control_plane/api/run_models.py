@@ -79,3 +79,7 @@ class ReplayResponse(_Body):
     shared_run_id: str = Field(description="The new run.")
     replay_of: str
     status: str
+    replayed: bool = Field(
+        default=False,
+        description="The Idempotency-Key created this replay before: nothing was created now.",
+    )

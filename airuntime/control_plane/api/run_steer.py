@@ -13,7 +13,7 @@ need ``cancel`` (operator). Another tenant's run is 404.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from airuntime.control_plane.api import operations
 from airuntime.control_plane.api.deps import (
@@ -21,6 +21,7 @@ from airuntime.control_plane.api.deps import (
     WITH_BODY,
     Canceller,
     Context,
+    IdempotencyKey,
     Responses,
     Submitter,
     error,
@@ -75,6 +76,16 @@ async def resume(shared_run_id: SharedRunId, who: Canceller, context: Context) -
 @router.post(
     "/{shared_run_id}/replay", status_code=202, response_model=ReplayResponse, responses=NOT_FOUND
 )
-async def replay(shared_run_id: SharedRunId, who: Submitter, context: Context) -> ReplayResponse:
-    """Submit the run's pipeline, inputs and context again as a new linked run."""
-    return await operations.replay(context, who, shared_run_id)
+async def replay(
+    shared_run_id: SharedRunId,
+    who: Submitter,
+    context: Context,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> ReplayResponse:
+    """Submit the run's pipeline, inputs and context again as a new linked run. With an
+    ``Idempotency-Key``, sending it again is safe."""
+    answer = await operations.replay(context, who, shared_run_id, idempotency_key)
+    if answer.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return answer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Response
+from fastapi import APIRouter, Path, Response
 
 from airuntime.control_plane.api import operations
 from airuntime.control_plane.api.deps import (
@@ -14,6 +14,7 @@ from airuntime.control_plane.api.deps import (
     WITH_BODY,
     Canceller,
     Context,
+    IdempotencyKey,
     Responses,
     Submitter,
     error,
@@ -21,7 +22,6 @@ from airuntime.control_plane.api.deps import (
 from airuntime.control_plane.api.models import CancelResponse, SubmitRequest, SubmitResponse
 from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.shared_runs import SHARED_RUN_ID_PATTERN
-from airuntime.control_plane.submit_idempotency import IDEMPOTENCY_KEY_PATTERN
 
 router = APIRouter(
     prefix="/v1/runs", tags=["runs"], route_class=StrictJsonRoute, responses=AUTHENTICATED
@@ -30,17 +30,6 @@ router = APIRouter(
 NOT_FOUND: Responses = {404: error("No such run visible to the caller.")}
 SharedRunId = Annotated[
     str, Path(pattern=SHARED_RUN_ID_PATTERN, description="A SharedRunId (`sr-` + 32 hex).")
-]
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        pattern=IDEMPOTENCY_KEY_PATTERN,
-        description="Makes the submit safe to send again (a timeout, a lost connection, a "
-        "503): the same key with the same request within the idempotency TTL (24 h) answers "
-        "with the run it created and creates nothing; with another request, 409. 1-255 "
-        "visible ASCII characters; the tenant's own.",
-    ),
 ]
 
 

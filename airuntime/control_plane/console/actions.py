@@ -113,7 +113,7 @@ async def _steer(action: RunAction, shared_run_id: str, s: Session, fields: dict
     elif action is RunAction.RESUME:
         await run_steer.resume(shared_run_id, who, ctx)
     elif action is RunAction.REPLAY:
-        replayed = await run_steer.replay(shared_run_id, who, ctx)
+        replayed = await run_steer.replay(shared_run_id, who, ctx, Response())
         return replayed.shared_run_id
     else:
         await run_steer.provide_input(shared_run_id, _answer(fields), who, ctx)

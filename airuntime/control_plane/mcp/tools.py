@@ -215,10 +215,24 @@ class AirTools:
             lambda who: operations.control(self.context, who, shared_run_id, "resume"),
         )
 
-    async def replay_run(self, ctx: Ctx, shared_run_id: RunId) -> ReplayResponse:
+    async def replay_run(
+        self,
+        ctx: Ctx,
+        shared_run_id: RunId,
+        idempotency_key: Annotated[
+            str | None,
+            Field(
+                pattern=IDEMPOTENCY_KEY_PATTERN,
+                description="Makes calling again safe: the same key answers with the replay "
+                "it created (replayed: true) instead of making another.",
+            ),
+        ] = None,
+    ) -> ReplayResponse:
         """Run a run again (same pipeline, inputs and context) as a new linked run."""
         return await self._call(
-            ctx, "replay_run", lambda who: operations.replay(self.context, who, shared_run_id)
+            ctx,
+            "replay_run",
+            lambda who: operations.replay(self.context, who, shared_run_id, idempotency_key),
         )
 
     # -- observability --------------------------------------------------------------------
