@@ -127,6 +127,16 @@ def run_helm(helm: str, *args: str, values: Doc | None = None, tmp: Path) -> str
     return proc.stdout + proc.stderr
 
 
+def render_fails(helm: str, tmp: Path, values: Doc) -> str:
+    """``helm template`` with ``values``, which must fail: its stderr (the reason)."""
+    path = tmp / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    argv = [helm, "template", RELEASE, str(CHART), "--values", str(path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, f"{shlex.join(argv)} rendered:\n{proc.stdout[:2000]}"
+    return proc.stderr
+
+
 @pytest.fixture(scope="session")
 def render(
     helm: str, tmp_path_factory: pytest.TempPathFactory
@@ -415,20 +425,11 @@ def test_valkey_persistence_can_be_off_or_an_existing_claim(
 
 
 def test_an_unknown_appendfsync_fails_to_render_naming_it(helm: str, tmp_path: Path) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(
-        yaml.safe_dump(
-            {"redis": {"valkey": {"enabled": True, "persistence": {"appendfsync": "no"}}}}
-        )
+    persistence = {"appendfsync": "no"}
+    stderr = render_fails(
+        helm, tmp_path, {"redis": {"valkey": {"enabled": True, "persistence": persistence}}}
     )
-    proc = subprocess.run(
-        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode != 0
-    assert (
-        'redis.valkey.persistence.appendfsync must be everysec or always, not "no"' in proc.stderr
-    )
+    assert 'redis.valkey.persistence.appendfsync must be everysec or always, not "no"' in stderr
 
 
 def test_the_rendered_valkey_loses_nothing_it_acknowledged_when_killed(
@@ -531,14 +532,8 @@ def test_runtime_pools_are_rendered_from_values(render: Callable[..., list[Doc]]
 def test_incomplete_runtime_pools_fail_to_render(
     helm: str, tmp_path: Path, pool: Doc, message: str
 ) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"runtimePools": [pool]}))
-    proc = subprocess.run(
-        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode != 0
-    assert message in proc.stderr
+    stderr = render_fails(helm, tmp_path, {"runtimePools": [pool]})
+    assert message in stderr
 
 
 # -- RBAC -------------------------------------------------------------------------------------
@@ -1020,28 +1015,16 @@ def test_the_log_format_and_level_reach_every_process_and_runtime_pod(
 def test_an_unknown_log_format_or_level_fails_to_render_naming_it(
     helm: str, tmp_path: Path, logging: Doc, message: str
 ) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"logging": logging}))
-    proc = subprocess.run(
-        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode != 0
-    assert message in proc.stderr
+    stderr = render_fails(helm, tmp_path, {"logging": logging})
+    assert message in stderr
 
 
 def test_a_history_dsn_of_another_database_fails_to_render_without_its_password(
     helm: str, tmp_path: Path
 ) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"history": {"dsn": "mysql://u:hunter22@db/x"}}))
-    proc = subprocess.run(
-        [helm, "template", RELEASE, str(CHART), "--values", str(values)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode != 0
-    assert "history.dsn must start with postgresql://" in proc.stderr
-    assert "hunter22" not in proc.stderr
+    stderr = render_fails(helm, tmp_path, {"history": {"dsn": "mysql://u:hunter22@db/x"}})
+    assert "history.dsn must start with postgresql://" in stderr
+    assert "hunter22" not in stderr
 
 
 def test_runtime_pods_admit_only_the_control_plane_and_the_scraper(
