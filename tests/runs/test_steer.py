@@ -41,7 +41,7 @@ async def test_an_input_step_answered_through_the_api_completes_the_run(api: Api
     ok = await api.client.post(
         url, json={"step": "approve", "value": answer}, headers=auth("sub-a")
     )
-    assert ok.status_code == 200, ok.text
+    assert ok.status_code == 200 and ok.json()["replayed"] is False, ok.text
     body = await ended(api.client, srid)
     assert body["status"] == "Succeeded"
     assert body["steps"]["approve"]["output"] == answer
@@ -51,6 +51,20 @@ async def test_an_input_step_answered_through_the_api_completes_the_run(api: Api
     )
     assert again.status_code == 409
     assert "step 'approve' is completed, not waiting for input" in again.json()["detail"]
+    # The same answer sent again (its answer lost) is that answer, even once the run ended.
+    resent = await api.client.post(
+        url,
+        json={"step": "approve", "value": dict(reversed(answer.items()))},
+        headers=auth("sub-a"),
+    )
+    assert resent.status_code == 200, resent.text
+    assert resent.json()["replayed"] is True and resent.json()["status"] == "Succeeded"
+    not_input = await api.client.post(  # a completed step that is no input step
+        url,
+        json={"step": "draft", "value": body["steps"]["draft"]["output"]},
+        headers=auth("alice-a"),
+    )
+    assert not_input.status_code == 409, not_input.text
     events = (await api.client.get(f"/v1/runs/{srid}/events", headers=auth("alice-a"))).json()
     provided = [e for e in events["events"] if e["type"] == "input_provided"]
     assert provided == [{**provided[0], "fields": {"step": "approve", "actor": "sub-a"}}]

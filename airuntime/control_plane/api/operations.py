@@ -60,6 +60,8 @@ from airuntime.core.errors import (
     StepNotFound,
 )
 from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.pipeline.spec import INPUT_HANDLER
+from airuntime.engine.status import StepStatus
 from airuntime.fleet.tenancy import TenantSettings
 
 
@@ -215,13 +217,22 @@ async def _made_run(
 async def provide_input(
     context: ApiContext, who: Principal, shared_run_id: str, body: InputRequest
 ) -> SteerResponse:
-    """Answer an ``input`` step: its output becomes ``value`` and the run goes on."""
+    """Answer an ``input`` step: its output becomes ``value`` and the run goes on. The
+    same answer again (its answer lost, a client sent it again) is that answer, not a
+    409: an input step that completed with this very value answers ``replayed``."""
     found = await material(context, shared_run_id, who.tenant_id)
     ex = found.execution
     if ex is None:
         raise Conflict(f"step {body.step!r}: the run has no execution yet")
     if body.step not in ex.steps:
         raise InvalidField("step", f"no step {body.step!r}")
+    if _answered_with(ex, body):
+        return SteerResponse(
+            shared_run_id=shared_run_id,
+            execution_id=ex.execution_id,
+            status=ex.status,
+            replayed=True,
+        )
     state = ex.steps[body.step].get("status")
     if ex.terminal:
         raise Conflict(f"step {body.step!r} is {state}, not waiting for input (run ended)")
@@ -229,6 +240,14 @@ async def provide_input(
     try:
         status = await store.provide_input(ex.execution_id, body.step, body.value, who.user)
     except InvalidTransition:
+        again = (await material(context, shared_run_id, who.tenant_id)).execution
+        if again is not None and _answered_with(again, body):  # answered in between
+            return SteerResponse(
+                shared_run_id=shared_run_id,
+                execution_id=again.execution_id,
+                status=again.status,
+                replayed=True,
+            )
         current = (await store.step_states(ex.execution_id)).get(body.step, state)
         raise Conflict(f"step {body.step!r} is {current}, not waiting for input") from None
     except StepNotFound:
@@ -237,6 +256,22 @@ async def provide_input(
         raise Conflict(f"step {body.step!r}: {exc}") from None
     return SteerResponse(
         shared_run_id=shared_run_id, execution_id=ex.execution_id, status=status.value
+    )
+
+
+def _answered_with(ex: ExecutionMaterial, body: InputRequest) -> bool:
+    """Whether ``body.step`` is an ``input`` step that completed with ``body.value``."""
+    record = ex.steps.get(body.step) or {}
+    specs = ex.plan.get("steps")
+    spec = next(
+        (s for s in specs if isinstance(s, dict) and s.get("id") == body.step), None
+    ) if isinstance(specs, list) else None  # fmt: skip
+    return (
+        spec is not None
+        and spec.get("handler") == INPUT_HANDLER
+        and record.get("status") == StepStatus.COMPLETED
+        and "output" in record
+        and record["output"] == body.value
     )
 
 

@@ -73,6 +73,11 @@ class SteerResponse(_Body):
     shared_run_id: str
     execution_id: str
     status: str = Field(description="The execution's status after the action.")
+    replayed: bool = Field(
+        default=False,
+        description="An answer the input step had received already, value for value (a "
+        "request sent again after its answer was lost): nothing changed now.",
+    )
 
 
 class ReplayResponse(_Body):
