@@ -277,7 +277,8 @@ class SharedRunStore:
                 keys.shared_runs_open(),
                 keys.shared_runs_open_tenants(),
                 keys.tenant_settings(tenant_id),
-                idempotency.key if idempotency else keys.submit_idempotency(tenant_id, ""),
+                # Without a key, KEYS[7] is a key of the slot the script never touches.
+                idempotency.key if idempotency else keys.shared_runs(),
             ],
             [
                 run.shared_run_id,

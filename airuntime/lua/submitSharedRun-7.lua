@@ -22,7 +22,8 @@
     KEYS[5] tenant of each open shared run (air:{air}:sruns:open:tenant, hash)
     KEYS[6] the tenant's settings (air:{air}:tenant:<tenant>:settings, string)
     KEYS[7] the submission's idempotency key (air:{air}:idem:<tenant>:<sha-256 of the
-            key>, string "<SharedRunId> <request fingerprint>"); unused without ARGV[6]
+            key>, string "<SharedRunId> <request fingerprint>"); without ARGV[6] any
+            key of the slot (the caller passes KEYS[2]), never touched
     ARGV[1] SharedRunId
     ARGV[2] the record (JSON, status QueuedGlobally)
     ARGV[3] created_at_ms (the record's; the index score)
