@@ -384,8 +384,13 @@ def _explain(error: ErrorDetails) -> str:
     """One sentence naming the variable, its value and what is wrong with it."""
     if not error["loc"] and error["type"] == "value_error":  # a whole-model check: it names
         return f"{(error.get('ctx') or {}).get('error')}."  # the variable itself
-    field = _field_of(str(error["loc"][0])) if error["loc"] else "settings"
+    key = str(error["loc"][0]) if error["loc"] else "settings"
+    field = _field_of(key)
     var = env_var(field) if field in OperatorSettings.model_fields else field
+    if key == field and field in OperatorSettings.model_fields:
+        # Read by its name, not its alias: ``AIRUNTIME_LOG_LEVEL`` for ``log_level``
+        # (the level of every process, which the operator's own defaults to).
+        var = f"{ENV_PREFIX}{field.upper()}"
     value, kind = error.get("input"), error["type"]
     if kind == "missing":
         return f"{var} is not set; the operator needs it."

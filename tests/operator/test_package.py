@@ -104,6 +104,16 @@ def test_settings_from_env() -> None:
             "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS='x/99'",
             id="deny-cidrs-malformed",
         ),
+        pytest.param(
+            {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_LOG_FORMAT": "xml"},
+            "AIRUNTIME_LOG_FORMAT='xml'",
+            id="log-format",
+        ),
+        pytest.param(  # every process's level, the operator's too: named as it was set
+            {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_LOG_LEVEL": "loud"},
+            "^AIRUNTIME_LOG_LEVEL='loud': log_level must be one of",
+            id="log-level",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_the_name(environ: dict[str, str], message: str) -> None:
