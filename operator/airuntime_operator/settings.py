@@ -239,8 +239,9 @@ class OperatorSettings(BaseSettings):
 
     runtime_log_level: LogLevel | None = Field(default=None, validation_alias=LOG_LEVEL_ENV)
     """Level of every runtime pod's log (``AIRUNTIME_LOG_LEVEL``, passed on: DEBUG,
-    INFO, WARNING, ERROR). Default ``None``: the runtimes' own default, INFO. The
-    operator's own level is ``AIRUNTIME_OPERATOR_LOG_LEVEL``."""
+    INFO, WARNING, ERROR, CRITICAL). Default ``None``: the runtimes' own default, INFO.
+    The operator's own level is ``AIRUNTIME_OPERATOR_LOG_LEVEL``, and this one when
+    that is unset (the chart always sets it, from ``operator.logLevel``)."""
 
     @field_validator("namespaces", mode="before")
     @classmethod
