@@ -29,7 +29,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from redis.exceptions import RedisError
 
@@ -100,6 +100,16 @@ SUBMIT_ATTEMPTS = 5
 """Submit attempts when the tenant's settings keep changing under it (each one reads
 them again): a change lands between a read and the next round trip, so a second
 attempt almost always goes through."""
+
+
+class SubmitOptions(TypedDict, total=False):
+    """What a submit may say besides the pipeline and the snapshot."""
+
+    inputs: dict[str, Any] | None
+    metadata: dict[str, str] | None
+    mode: SubmitMode | None
+    replay_of: str | None
+    """The SharedRunId this run replays."""
 
 
 class ControlPlaneError(AirError):
@@ -332,17 +342,11 @@ class ControlPlane:
         self,
         pipeline: dict[str, Any],
         snapshot: ExecutionContextSnapshot,
-        *,
-        inputs: dict[str, Any] | None = None,
-        metadata: dict[str, str] | None = None,
-        mode: SubmitMode | None = None,
-        replay_of: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> SharedRun:
-        """Persist a shared run and place it according to the submit mode (``replay_of``:
-        the SharedRunId this run replays); :meth:`submission` without a key."""
-        made = await self.submission(
-            pipeline, snapshot, inputs=inputs, metadata=metadata, mode=mode, replay_of=replay_of
-        )
+        """Persist a shared run and place it according to the submit mode:
+        :meth:`submission` without an idempotency key (the options: :class:`SubmitOptions`)."""
+        made = await self.submission(pipeline, snapshot, **options)
         assert made.run is not None  # a submission without a key is never a replay
         return made.run
 
@@ -383,7 +387,7 @@ class ControlPlane:
             )
             earlier = await self.redis.get(idempotency.key)
             if earlier is not None:  # a replay compiles and writes nothing
-                return await self._replayed(idempotency_key, idempotency, earlier, tenant_id)
+                return await self._replayed(idempotency, earlier, tenant_id)
         for _ in range(SUBMIT_ATTEMPTS):
             known, kept = await self.tenant_settings.get(tenant_id)
             try:
@@ -424,11 +428,11 @@ class ControlPlane:
                 ],
                 then=[QueueTenants.announce_command(tenant_id)],
             )
-            if isinstance(replies[0], list) and idempotency_key and idempotency:
+            if isinstance(replies[0], list) and idempotency is not None:
                 # A submission with the same key created its run first: this one wrote
                 # no record; the item queued beside it goes (as for changed settings).
                 await self.queue.cancel(run.shared_run_id, tenant_id)
-                return await self._replayed(idempotency_key, idempotency, replies[0][1], tenant_id)
+                return await self._replayed(idempotency, replies[0][1], tenant_id)
             if int(replies[0]) != SETTINGS_CHANGED:
                 break
             # Compiled against settings changed since: no record was written. The item
@@ -451,14 +455,14 @@ class ControlPlane:
         return Submission(run.shared_run_id, run)
 
     async def _replayed(
-        self, idempotency_key: str, idempotency: SubmitIdempotency, stored: Any, tenant_id: str
+        self, idempotency: SubmitIdempotency, stored: Any, tenant_id: str
     ) -> Submission:
-        """The run ``idempotency_key`` created (``stored``: the key's value), if this
-        request is the one that created it; 409 otherwise."""
+        """The run the key created (``stored``: the key's value), if this request is the
+        one that created it; 409 otherwise."""
         shared_run_id, fingerprint = SubmitIdempotency.parse(stored)
         if fingerprint != idempotency.fingerprint:
             raise ControlPlaneError(
-                f"idempotency key {idempotency_key!r} was used for another request (it "
+                f"idempotency key {idempotency.given!r} was used for another request (it "
                 f"created {shared_run_id}): a key stands for one request; use a new key",
                 status=409,
             )

@@ -70,18 +70,20 @@ def request_fingerprint(
 @dataclass(frozen=True)
 class SubmitIdempotency:
     """A submission's idempotency key as the submit script keeps it: the key's name,
-    how long it is kept, and the request's fingerprint (what a later use must match)."""
+    how long it is kept, and the request's fingerprint (what a later use must match);
+    ``given``: the key as the client sent it (for messages)."""
 
     key: str
     ttl_ms: int
     fingerprint: str
+    given: str
 
     @classmethod
     def of(
         cls, tenant_id: str, idempotency_key: str, ttl_s: float, fingerprint: str
     ) -> SubmitIdempotency:
         key = keys.submit_idempotency(tenant_id, idempotency_key)
-        return cls(key, int(ttl_s * 1000), fingerprint)
+        return cls(key, int(ttl_s * 1000), fingerprint, idempotency_key)
 
     def value(self, shared_run_id: str) -> str:
         """What the key holds once it created ``shared_run_id``."""

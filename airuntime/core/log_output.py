@@ -32,7 +32,7 @@ import logging
 import sys
 import time
 from enum import StrEnum
-from typing import Any, Final, Literal, TextIO
+from typing import Any, Final, Literal, TextIO, get_args
 
 from pydantic import field_validator
 
@@ -40,13 +40,11 @@ from airuntime.core.settings import EnvSettings
 
 __all__ = ["LEVELS", "LogFormat", "LogLevel", "LogSettings", "configure_logs", "known_level"]
 
-LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LEVELS: Final = get_args(LogLevel)
 CHATTY: Final = ("httpx", "httpcore", "mcp", "uvicorn.access", "alembic")
 """Loggers that write a record per request (or per plugin, alembic) at INFO: WARNING
 unless the level is DEBUG."""
-
-
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def known_level(value: Any) -> Any:

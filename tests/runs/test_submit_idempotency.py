@@ -103,14 +103,19 @@ async def test_many_submissions_with_one_key_at_once_make_one_run(api: Api) -> N
     creating script; one creates the run, the others find the key set, write no
     record and take back the queue item they sent with it."""
     contenders = 24
-    gate = asyncio.Event()
+    arrived, gate = asyncio.Event(), asyncio.Event()
+    waiting = 0
 
     async def contender() -> httpx.Response:
+        nonlocal waiting
+        waiting += 1
+        if waiting == contenders:
+            arrived.set()
         await gate.wait()
         return await post(api, BODY, "burst")
 
     tasks = [asyncio.create_task(contender()) for _ in range(contenders)]
-    await asyncio.sleep(0)  # every contender is waiting on the gate
+    await arrived.wait()  # every contender is at the gate
     gate.set()
     answers = await asyncio.gather(*tasks)
     assert {r.status_code for r in answers} == {202}, [r.text for r in answers]
