@@ -26,6 +26,7 @@ import typer
 from airuntime.cli.common import (
     configure_logs_or_exit,
     console,
+    handler_policy_or_exit,
     invalid,
     setting_option,
     settings_from_options,
@@ -124,6 +125,7 @@ def runtime(
     store = _loaded_store(settings.settings_file)
     scrub_secrets()  # read above; no handler of this process may find them
     configure_logs_or_exit()
+    handler_policy_or_exit()
     tune_collector_or_exit()
     try:
         asyncio.run(_serve(settings.redis_url, settings, instances, store))

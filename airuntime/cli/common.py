@@ -95,6 +95,22 @@ def configure_logs_or_exit() -> None:
     configure_logs(settings.log_level, settings.log_format)
 
 
+def handler_policy_or_exit() -> None:
+    """The platform's handler policy (:mod:`airuntime.engine.handlers.settings`: the
+    ``python`` modules, the ``http`` bounds, the model providers), read before anything
+    starts: a malformed variable is an exit 2 naming it, not a traceback or a 500 at the
+    first pipeline compiled. The providers' JSON is not echoed (the message names the
+    provider and the field)."""
+    from airuntime.engine.handlers.settings import HandlerSettings, handler_settings
+
+    try:
+        handler_settings()
+    except ValidationError as exc:
+        quoted = exc.errors()[0]["loc"][:1] != ("model_providers",)
+        message = format_validation_error(exc, where=HandlerSettings.env_var, with_value=quoted)
+        raise invalid(message) from None
+
+
 def collector_threshold_or_exit() -> int:
     """``AIRUNTIME_GC_GEN0_THRESHOLD`` (:mod:`airuntime.core.gc_tuning`); a malformed
     value is an exit 2 naming it."""

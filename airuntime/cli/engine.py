@@ -24,6 +24,7 @@ from airuntime.cli.common import (
     compile_argument,
     configure_logs_or_exit,
     console,
+    handler_policy_or_exit,
     invalid,
     out,
     parse_kv,
@@ -83,6 +84,7 @@ def run(
         raise invalid(f"--workers: must be >= 1, got {workers}")
     run_inputs = parse_kv(inputs or [], "--input")
     step_answers = parse_kv(answers or [], "--answer")
+    handler_policy_or_exit()
     plan = compile_argument(pipeline)
     unknown = sorted(set(step_answers) - {s.id for s in plan.steps if s.is_input})
     if unknown:
@@ -190,6 +192,7 @@ def worker(
     except ValueError as exc:
         raise invalid(str(exc)) from None
     configure_logs_or_exit()
+    handler_policy_or_exit()
     tune_collector_or_exit()
     status, stats = asyncio.run(_participate(redis_url, execution_id, settings))
     out.print(json.dumps({"execution_id": execution_id, "status": status, **stats}))

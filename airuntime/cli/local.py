@@ -32,6 +32,7 @@ from airuntime.cli.common import (
     collector_threshold_or_exit,
     configure_logs_or_exit,
     console,
+    handler_policy_or_exit,
     invalid,
     out,
     pipeline_document,
@@ -77,6 +78,7 @@ def up(
     settings = ControlPlaneSettings(submit_mode=submit_mode)
     collector = collector_threshold_or_exit()  # refused before anything is started
     configure_logs_or_exit()
+    handler_policy_or_exit()
     try:
         prepared_home()  # the state file, logs and default history go there
     except ConfigError as exc:

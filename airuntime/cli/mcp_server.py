@@ -26,7 +26,12 @@ import httpx
 import typer
 
 from airuntime.cli.client import _client
-from airuntime.cli.common import configure_logs_or_exit, invalid, tune_collector_or_exit
+from airuntime.cli.common import (
+    configure_logs_or_exit,
+    handler_policy_or_exit,
+    invalid,
+    tune_collector_or_exit,
+)
 from airuntime.control_plane.rbac import Authenticator, Principal
 from airuntime.control_plane.settings import ControlPlaneServerSettings, ControlPlaneSettings
 from airuntime.core.errors import ConfigError
@@ -70,6 +75,7 @@ def mcp(
     except Exception as exc:  # pydantic's error names the variable and the value
         raise invalid(f"control-plane settings: {exc}") from None
     configure_logs_or_exit()  # on stderr: stdout is the MCP stream
+    handler_policy_or_exit()
     tune_collector_or_exit()
     try:
         asyncio.run(_serve(redis_url, principal, settings, tokens_file))

@@ -18,6 +18,7 @@ import typer
 from airuntime.cli.common import (
     collector_threshold_or_exit,
     configure_logs_or_exit,
+    handler_policy_or_exit,
     invalid,
     setting_option,
     settings_from_options,
@@ -77,6 +78,7 @@ def control_plane(
         )
     collector = collector_threshold_or_exit()
     configure_logs_or_exit()
+    handler_policy_or_exit()
     auth, tenants = _access(settings)
     try:
         sock = listen_socket(settings.api_host, settings.api_port)

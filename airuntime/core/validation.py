@@ -38,7 +38,7 @@ def format_validation_error(
     """
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    text = f"{where(loc)}: {err['msg']}"
+    text = f"{where(loc)}: {str(err['msg']).removeprefix('Value error, ')}"
     if with_value and loc:
         value = err.get("input")
         if redact is not None:

@@ -118,3 +118,48 @@ def test_a_home_that_is_not_a_directory_is_refused_naming_it(tmp_path: Path) -> 
         f"cannot read the local stack's state {home / 'up.json'}: Not a directory",
     )
     assert home.read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        pytest.param(
+            "AIRUNTIME_MODEL_PROVIDERS",
+            '{"openai": {"base_url": "https://api.openai.com/v1", "api_key": "sk-inline-1"}}',
+            "AIRUNTIME_MODEL_PROVIDERS: provider 'openai': api_key: Extra inputs are not permitted",
+            id="model-providers",
+        ),
+        pytest.param(
+            "AIRUNTIME_HTTP_HANDLER_ALLOW",
+            "not a host!",
+            "AIRUNTIME_HTTP_HANDLER_ALLOW: 'not a host!' is neither a network",
+            id="http-allow",
+        ),
+        pytest.param(
+            "AIRUNTIME_PYTHON_HANDLER_MODULES",
+            "os",
+            "AIRUNTIME_PYTHON_HANDLER_MODULES: 'os' may never be opened",
+            id="python-modules",
+        ),
+    ],
+)
+def test_a_malformed_handler_policy_is_refused_before_anything_starts(
+    tmp_path: Path, variable: str, value: str, expected: str
+) -> None:
+    """The platform's handler policy is read by every process that compiles or runs
+    pipelines: malformed, each refuses to start naming the variable (it used to be a
+    traceback from ``airt run`` and a 500 for every submit); the providers' JSON, which
+    may hold what should have been a key, is not echoed."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("tokens:\n  - {token: dev-secret-1, user: a, tenant: t, roles: [operator]}\n")
+    commands = [
+        ("up", "--port", "0"),
+        ("control-plane", "--port", "0", "--tokens-file", str(tokens)),
+        ("runtime", "--http-host", "127.0.0.1", "--http-port", "0"),
+        ("worker", "ex-1"),
+        ("run", "retries"),
+    ]
+    for command in commands:
+        flat = refused(airt(tmp_path, *command, **{variable: value}), expected)
+        assert "sk-inline-1" not in flat, command
+    assert not (tmp_path / "up.json").exists()

@@ -32,7 +32,7 @@ from airuntime.engine.handlers import (
     shared_executor,
 )
 
-BUILTIN_NAMES = ["echo", "fail", "http", "input", "noop", "python", "sleep", "template"]
+BUILTIN_NAMES = ["echo", "fail", "http", "input", "model", "noop", "python", "sleep", "template"]
 
 
 def ctx(inputs: Any = None, *, attempt: int = 1, step_id: str = "s") -> StepContext:

@@ -121,7 +121,7 @@ INVALID = [
         None,
         [
             "steps[1].uses: unknown handler 'gpt' "
-            "(known: echo, fail, http, input, noop, python, sleep, template)"
+            "(known: echo, fail, http, input, model, noop, python, sleep, template)"
         ],
         id="an unknown handler lists the known ones",
     ),

@@ -95,6 +95,7 @@ BUILTIN_ENTRY_POINTS: dict[str, str] = {
     "http": "airuntime.engine.handlers.builtin:http_request",
     "input": "airuntime.engine.handlers.builtin:input_step",
     "fail": "airuntime.engine.handlers.builtin:flaky",
+    "model": "airuntime.engine.handlers.model_call:model_call",
 }
 
 

@@ -1,11 +1,13 @@
-"""What the platform lets tenant pipelines reach through the ``python`` and ``http`` handlers.
+"""What the platform lets tenant pipelines reach through the ``python``, ``http`` and
+``model`` handlers.
 
-Why this module exists: pipeline authors are untrusted tenants, but two built-in handlers
+Why this module exists: pipeline authors are untrusted tenants, but three built-in handlers
 reach outside the engine on their behalf. ``python`` imports and calls code by name, so
 without a bound a pipeline could call ``builtins:exec`` and read the runtime's own
 credentials; ``http`` connects wherever a URL points, so without a bound a pipeline could
 reach the Redis of the platform, the cloud metadata service or any cluster-internal
-service. Both bounds are the platform operator's decision, not the tenant's, so they are
+service; ``model`` sends the platform's provider keys, so only to the providers the
+platform names. These bounds are the platform operator's decision, not the tenant's, so they are
 process settings (``AIRUNTIME_*`` variables, the :class:`~airuntime.core.settings.EnvSettings`
 idiom) read by every process that compiles or runs pipelines:
 
@@ -18,6 +20,8 @@ idiom) read by every process that compiles or runs pipelines:
 * ``AIRUNTIME_HTTP_HANDLER_ALLOW`` -- comma-separated networks (``10.1.2.0/24``) and host
   names (``api.internal``) that ``http`` steps may reach even though they are internal,
   e.g. a local test server on loopback.
+* ``AIRUNTIME_MODEL_PROVIDERS`` -- a JSON object of the model providers ``model`` steps
+  may call (:mod:`~airuntime.engine.handlers.model_providers`); default none.
 
 Values are read when they are needed (each compile, each handler call), so a test or a
 process that changes its environment sees the change; :func:`handler_settings` is that
@@ -36,6 +40,7 @@ from pydantic import field_validator
 from pydantic_settings import NoDecode
 
 from airuntime.core.settings import EnvSettings
+from airuntime.engine.handlers.model_providers import ModelProvider, parse_providers
 from airuntime.engine.handlers.python_policy import ALWAYS_DENIED
 
 __all__ = ["HandlerSettings", "IPNetwork", "handler_settings"]
@@ -54,7 +59,8 @@ def _split(value: object) -> object:
 
 
 class HandlerSettings(EnvSettings):
-    """The tenant-facing bounds of the ``python`` and ``http`` handlers (see module doc)."""
+    """The tenant-facing bounds of the ``python``, ``http`` and ``model`` handlers (see the
+    module doc)."""
 
     python_handler_modules: Annotated[tuple[str, ...], NoDecode] = ()
     """Module prefixes ``python`` steps may call (``pkg`` allows ``pkg`` and ``pkg.*``);
@@ -65,6 +71,8 @@ class HandlerSettings(EnvSettings):
     http_handler_allow: Annotated[tuple[str, ...], NoDecode] = ()
     """Networks (CIDR or single address) and host names ``http`` steps may reach even
     when they are internal; default none."""
+    model_providers: Annotated[dict[str, ModelProvider], NoDecode] = {}
+    """The providers ``model`` steps may call, by name (a JSON object); default none."""
 
     @field_validator("python_handler_modules", mode="before")
     @classmethod
@@ -99,6 +107,11 @@ class HandlerSettings(EnvSettings):
                     raise ValueError(f"{item!r} is neither a network (CIDR) nor a host name")
             return tuple(str(v).lower().rstrip(".") for v in value)
         return value
+
+    @field_validator("model_providers", mode="before")
+    @classmethod
+    def _providers(cls, value: object) -> object:
+        return parse_providers(value)
 
     def allowed_networks(self) -> tuple[IPNetwork, ...]:
         """The networks of ``http_handler_allow``."""

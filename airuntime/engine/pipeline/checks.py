@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from airuntime.engine.handlers.model_call import MODEL_HANDLER, call_problems
 from airuntime.engine.handlers.python_policy import callable_problem, describe_allowed
 from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.graph import find_cycle, topological_order
@@ -259,6 +260,18 @@ def check_http_url(i: int, step: StepSpec, value: Any, problems: list[Problem]) 
     if refusal is not None:
         where = f"steps[{i}].with.url"
         problems.append(Problem(where, f"step {step.id!r}: url {url!r}: {refusal}"))
+
+
+def check_model_call(i: int, step: StepSpec, value: Any, problems: list[Problem]) -> None:
+    """A ``model`` step names, written out, a provider of ``AIRUNTIME_MODEL_PROVIDERS`` and
+    a model it offers, with a prompt or messages and options in range; checked again,
+    references resolved, when it runs (:mod:`~airuntime.engine.handlers.model_call`)."""
+    if step.uses != MODEL_HANDLER:
+        return
+    providers = handler_settings().model_providers
+    for field, message in call_problems({} if value is None else value, providers):
+        where = f"steps[{i}].with.{field}" if field else f"steps[{i}].with"
+        problems.append(Problem(where, f"step {step.id!r}: {message}"))
 
 
 def check_edge_count(edges: int, limits: PipelineLimits, problems: list[Problem]) -> None:

@@ -8,13 +8,14 @@ throttle resolved, so workers never interpret the user's format.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence, Set
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from airuntime.core.gc_tuning import collector_paused
 from airuntime.engine.handlers import HandlerRegistry, default_registry
+from airuntime.engine.handlers.model_call import MODEL_HANDLER
 from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.checks import (
     SizeBudget,
@@ -25,6 +26,7 @@ from airuntime.engine.pipeline.checks import (
     check_http_url,
     check_ids,
     check_input_step,
+    check_model_call,
     check_python_callable,
     check_references,
     check_run_inputs,
@@ -141,6 +143,7 @@ def _check_steps(
         if checked and rules.usable(s.uses):
             check_python_callable(i, s, value, rules.python_modules, problems)
             check_http_url(i, s, value, problems)
+            check_model_call(i, s, value, problems)
         referenced = check_references(i, s, value, first, problems) if checked else set()
         check_input_step(i, s, problems)
         graph.refs[i] = sorted(referenced)
@@ -170,6 +173,7 @@ def _build_plan(
     for pos, decl in enumerate(topo):
         s = steps[decl]
         retry, timeout_s = _attempt_rules(spec, s)
+        concurrency = s.concurrency or _model_concurrency(s, graph.inputs[decl])
         plan_steps.append(
             PlanStep(
                 id=s.id,
@@ -181,8 +185,8 @@ def _build_plan(
                 children=tuple(steps[c].id for c in children[decl]),
                 retry=retry,
                 timeout_s=timeout_s,
-                concurrency=s.concurrency,
-                throttle=_resolve_throttle(s.concurrency, spec.throttle),
+                concurrency=concurrency,
+                throttle=_resolve_throttle(concurrency, spec.throttle),
                 is_input=s.uses == INPUT_HANDLER,
             )
         )
@@ -207,6 +211,17 @@ def _attempt_rules(spec: PipelineSpec, step: StepSpec) -> tuple[RetryPolicy, flo
     retry = step.retry or spec.defaults.retry or _SINGLE_ATTEMPT
     timeout_s = step.timeout_s if step.timeout_s is not None else spec.defaults.timeout_s
     return retry, timeout_s
+
+
+def _model_concurrency(step: StepSpec, inputs: Any) -> ConcurrencySpec | None:
+    """A ``model`` step without a ``concurrency`` of its own consumes its provider and
+    model (operation ``chat``), so the pipeline's ``throttle`` rules apply to it as
+    written (``match: {provider: openai}``)."""
+    if step.uses != MODEL_HANDLER or not isinstance(inputs, Mapping):
+        return None
+    return ConcurrencySpec(
+        provider=inputs.get("provider"), model=inputs.get("model"), operation="chat"
+    )
 
 
 def _resolve_throttle(

@@ -1,0 +1,367 @@
+"""``model`` steps call the providers the platform defines, and nothing else, against a real
+HTTP server speaking OpenAI's and Anthropic's APIs: what is sent (the key added by the
+runtime, never written in the pipeline), what a step's output is, which failures are
+retried, and what is refused when the pipeline is submitted."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.handlers import StepContext, StepFailed, TransientError
+from airuntime.engine.handlers.model_call import model_call
+from airuntime.engine.handlers.settings import HandlerSettings
+from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.worker_pool import WorkerPool
+from tests.engine.model_server import ModelServer, model_server
+
+PROVIDERS = "AIRUNTIME_MODEL_PROVIDERS"
+KEY_ENV = "TEST_MODEL_KEY"
+KEY = "sk-test-5e1c2a9b7d"
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+    """The server, defined as three providers: ``gpt`` (OpenAI API, a key, two models),
+    ``claude`` (Anthropic API, a key, 512 output tokens at most), ``local`` (OpenAI API,
+    no key, any model)."""
+    with model_server() as s:
+        providers = {
+            "gpt": {
+                "base_url": s.openai_url,
+                "api_key_env": KEY_ENV,
+                "models": ["gpt-small", "gpt-large"],
+                "headers": {"OpenAI-Organization": "org-1"},
+            },
+            "claude": {
+                "api": "anthropic",
+                "base_url": s.anthropic_url,
+                "api_key_env": KEY_ENV,
+                "max_output_tokens": 512,
+            },
+            "local": {"base_url": s.openai_url + "/", "timeout_s": 5},
+        }
+        monkeypatch.setenv(PROVIDERS, json.dumps(providers))
+        monkeypatch.setenv(KEY_ENV, KEY)
+        yield s
+
+
+def ctx(inputs: Any, attempt: int = 1) -> StepContext:
+    return StepContext(
+        execution_id="e", step_id="ask", attempt=attempt, inputs=inputs, pipeline_id="p"
+    )
+
+
+async def test_an_openai_call_sends_the_platforms_key_and_answers_one_shape(
+    server: ModelServer,
+) -> None:
+    out = await model_call(
+        ctx(
+            {
+                "provider": "gpt",
+                "model": "gpt-small",
+                "system": "Be brief.",
+                "prompt": "Summarise the report",
+                "max_tokens": 64,
+                "temperature": 0,
+                "stop": "END",
+                "seed": 7,
+            }
+        )
+    )
+    assert out == {
+        "text": "echo: Summarise the report",
+        "provider": "gpt",
+        "model": "gpt-small-2026",
+        "finish_reason": "stop",
+        "usage": {"input_tokens": 5, "output_tokens": 4},
+    }
+    (seen,) = server.seen
+    assert seen.path == "/v1/chat/completions"
+    assert seen.headers["Authorization"] == f"Bearer {KEY}"
+    assert seen.headers["OpenAI-Organization"] == "org-1"
+    assert seen.body == {
+        "model": "gpt-small",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Summarise the report"},
+        ],
+        "max_tokens": 64,
+        "temperature": 0.0,
+        "stop": ["END"],
+        "seed": 7,
+    }
+
+
+async def test_an_anthropic_call_speaks_the_messages_api(server: ModelServer) -> None:
+    out = await model_call(
+        ctx(
+            {
+                "provider": "claude",
+                "model": "claude-x",
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "one"},
+                    {"role": "assistant", "content": "two"},
+                    {"role": "user", "content": {"n": 3}},
+                ],
+                "stop": ["END", "STOP"],
+            }
+        )
+    )
+    assert out["text"] == 'echo: {"n":3}' and out["finish_reason"] == "end_turn"
+    assert out["usage"] == {"input_tokens": 1, "output_tokens": 2}
+    (seen,) = server.seen
+    assert seen.path == "/v1/messages"
+    assert seen.headers["x-api-key"] == KEY and seen.headers["anthropic-version"]
+    assert "Authorization" not in seen.headers
+    assert seen.body == {
+        "model": "claude-x",
+        "max_tokens": 512,  # no max_tokens given: min(1024, the provider's cap)
+        "system": "Be brief.",
+        "messages": [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "two"},
+            {"role": "user", "content": '{"n":3}'},
+        ],
+        "stop_sequences": ["END", "STOP"],
+    }
+
+
+async def test_a_provider_without_a_key_gets_no_credentials(server: ModelServer) -> None:
+    out = await model_call(ctx({"provider": "local", "model": "llama", "prompt": "hi"}))
+    assert out["text"] == "echo: hi"
+    (seen,) = server.seen
+    assert seen.path == "/v1/chat/completions"  # the trailing '/' of base_url dropped
+    assert "Authorization" not in seen.headers and seen.body["max_tokens"] == 1024
+
+
+async def test_output_json_parses_the_reply(server: ModelServer) -> None:
+    server.answers.append((200, _openai_text('{"verdict": "ok", "score": 3}')))
+    out = await model_call(
+        ctx({"provider": "local", "model": "m", "prompt": "judge", "output": "json"})
+    )
+    assert out["json"] == {"verdict": "ok", "score": 3}
+    server.answers.append((200, _openai_text("Sure! Here it is: {")))
+    with pytest.raises(TransientError, match="reply is not JSON"):
+        await model_call(
+            ctx({"provider": "local", "model": "m", "prompt": "judge", "output": "json"})
+        )
+
+
+def _openai_text(text: str) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "fragment"),
+    [
+        pytest.param(429, {"error": {"message": "Rate limit reached"}}, TransientError,
+                     "HTTP 429: Rate limit reached", id="429"),
+        pytest.param(500, "upstream exploded", TransientError, "HTTP 500: upstream exploded",
+                     id="500"),
+        pytest.param(529, {"error": {"type": "overloaded_error", "message": "Overloaded"}},
+                     TransientError, "HTTP 529: Overloaded", id="529-overloaded"),
+        pytest.param(400, {"error": {"message": "max_tokens is too large"}}, StepFailed,
+                     "HTTP 400: max_tokens is too large", id="400"),
+        pytest.param(404, {"error": {"message": "The model does not exist"}}, StepFailed,
+                     "HTTP 404: The model does not exist", id="404"),
+        pytest.param(200, {"unexpected": True}, TransientError, "is not a openai answer",
+                     id="not-an-answer"),
+        pytest.param(200, "<html>gateway</html>", TransientError, "gateway", id="not-json"),
+    ],
+)  # fmt: skip
+async def test_failures_are_sorted_into_retry_and_give_up(
+    server: ModelServer, status: int, body: Any, error: type[Exception], fragment: str
+) -> None:
+    server.answers.append((status, body))
+    with pytest.raises(error) as info:
+        await model_call(ctx({"provider": "gpt", "model": "gpt-small", "prompt": "hi"}))
+    message = str(info.value)
+    assert fragment in message and "provider 'gpt' model 'gpt-small'" in message
+    assert isinstance(info.value, StepFailed) == (error is StepFailed)
+
+
+async def test_refused_credentials_are_never_quoted(server: ModelServer) -> None:
+    """A provider that echoes the key in its 401 (some do, masked or not) does not get it
+    into the step's error, which every reader of the run sees."""
+    server.answers.append((401, {"error": {"message": f"Incorrect API key provided: {KEY}"}}))
+    with pytest.raises(StepFailed) as info:
+        await model_call(ctx({"provider": "gpt", "model": "gpt-small", "prompt": "hi"}))
+    assert "refused the platform's credentials" in str(info.value)
+    assert KEY not in str(info.value)
+    server.answers.append((400, {"error": {"message": f"bad request for key {KEY}"}}))
+    with pytest.raises(StepFailed) as info:
+        await model_call(ctx({"provider": "gpt", "model": "gpt-small", "prompt": "hi"}))
+    assert KEY not in str(info.value) and "***" in str(info.value)
+
+
+async def test_a_missing_key_variable_fails_naming_it(
+    server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(StepFailed, match=f"key variable {KEY_ENV} is not set on this runtime"):
+        await model_call(ctx({"provider": "gpt", "model": "gpt-small", "prompt": "hi"}))
+    assert server.seen == []
+
+
+async def test_an_unreachable_provider_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:  # a port nothing listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv(PROVIDERS, json.dumps({"gone": {"base_url": f"http://127.0.0.1:{port}"}}))
+    with pytest.raises(TransientError, match=r"provider 'gone': POST .*ConnectError"):
+        await model_call(ctx({"provider": "gone", "model": "m", "prompt": "hi"}))
+
+
+def pipeline(**with_: Any) -> dict[str, Any]:
+    return {"id": "p", "steps": [{"id": "ask", "uses": "model", "with": with_}]}
+
+
+@pytest.mark.parametrize(
+    ("with_", "field", "fragment"),
+    [
+        pytest.param({"provider": "nope", "model": "m", "prompt": "x"}, "provider",
+                     "unknown provider 'nope'; the platform defines: claude, gpt, local",
+                     id="unknown-provider"),
+        pytest.param({"provider": "${inputs.p}", "model": "m", "prompt": "x"}, "provider",
+                     "must be written out, not a reference", id="provider-reference"),
+        pytest.param({"provider": "gpt", "model": "gpt-huge", "prompt": "x"}, "model",
+                     "'gpt-huge' is not offered by provider 'gpt' (gpt-small, gpt-large)",
+                     id="model-not-offered"),
+        pytest.param({"provider": "gpt", "prompt": "x"}, "model", "is required",
+                     id="no-model"),
+        pytest.param({"provider": "gpt", "model": "gpt-small"}, "prompt",
+                     "exactly one of prompt and messages", id="no-prompt"),
+        pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
+                      "messages": [{"role": "user", "content": "y"}]}, "prompt",
+                     "exactly one of prompt and messages", id="both"),
+        pytest.param({"provider": "gpt", "model": "gpt-small",
+                      "messages": [{"role": "tool", "content": "y"}]}, "messages[0].role",
+                     "must be one of system, user, assistant (value='tool')", id="role"),
+        pytest.param({"provider": "claude", "model": "c", "prompt": "x", "max_tokens": 513},
+                     "max_tokens", "from 1 to 512 (value=513)", id="over-the-cap"),
+        pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
+                      "temperature": 3}, "temperature", "from 0 to 2 (value=3)",
+                     id="temperature"),
+        pytest.param({"provider": "claude", "model": "c", "prompt": "x", "seed": 1}, "seed",
+                     "provider 'claude' (anthropic API) takes no seed", id="seed-anthropic"),
+        pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
+                      "output": "yaml"}, "output", "must be text or json (value='yaml')",
+                     id="output"),
+        pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
+                      "url": "http://169.254.169.254/"}, "url", "unknown field(s) url",
+                     id="unknown-field"),
+        pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
+                      "stop": ["a", "b", "c", "d", "e"]}, "stop", "1 to 4 non-empty strings",
+                     id="stop"),
+    ],
+)  # fmt: skip
+def test_a_call_the_platform_does_not_offer_is_refused_at_submit(
+    server: ModelServer, with_: dict[str, Any], field: str, fragment: str
+) -> None:
+    with pytest.raises(PipelineError) as info:
+        compile_pipeline(parse_pipeline(pipeline(**with_)))
+    message = str(info.value)
+    assert f"steps[0].with.{field}: step 'ask'" in message, message
+    assert fragment in message, message
+    assert server.seen == []
+
+
+def test_with_no_providers_defined_every_model_step_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(PROVIDERS, raising=False)
+    with pytest.raises(PipelineError) as info:
+        compile_pipeline(parse_pipeline(pipeline(provider="gpt", model="m", prompt="x")))
+    assert "the platform defines none (AIRUNTIME_MODEL_PROVIDERS is unset)" in str(info.value)
+
+
+def test_a_model_step_is_throttled_by_its_provider(server: ModelServer) -> None:
+    """The step's provider and model are what it consumes: ``throttle`` rules naming them
+    apply without a ``concurrency`` of the step's own (which, given, wins)."""
+    doc = {
+        "id": "p",
+        "throttle": [{"match": {"provider": "gpt"}, "limit": 2}],
+        "steps": [
+            {"id": "a", "uses": "model", "with": {"provider": "gpt", "model": "gpt-small",
+                                                  "prompt": "x"}},
+            {"id": "b", "uses": "model", "with": {"provider": "local", "model": "m",
+                                                  "prompt": "x"}},
+            {"id": "c", "uses": "model", "with": {"provider": "local", "model": "m",
+                                                  "prompt": "x"},
+             "concurrency": {"provider": "gpt", "key": "shared"}},
+        ],
+    }  # fmt: skip
+    plan = compile_pipeline(parse_pipeline(doc))
+    steps = {s.id: s for s in plan.steps}
+    assert steps["a"].throttle is not None and steps["a"].throttle.limit == 2
+    assert steps["a"].throttle.scope == "gpt/gpt-small/chat"
+    assert steps["b"].throttle is None
+    assert steps["c"].throttle is not None and steps["c"].throttle.scope == "gpt/*/*/shared"
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("{not json", "is not JSON"),
+        ('["a"]', "must be a JSON object"),
+        ('{"Bad Name": {"base_url": "http://x"}}', "provider name 'Bad Name'"),
+        ('{"p": {"base_url": "file:///etc/passwd"}}', "must be an http:// or https:// URL"),
+        ('{"p": {"base_url": "https://u:pw@x"}}', "must not carry credentials"),
+        ('{"p": {"base_url": "https://x", "api_key_env": "AIRUNTIME_RUNTIME_TOKEN"}}',
+         "an AIRUNTIME_ variable is never sent to a provider"),
+        ('{"p": {"base_url": "https://x", "headers": {"Authorization": "Bearer k"}}}',
+         "carries credentials: use api_key_env"),
+        ('{"p": {"base_url": "https://x", "api": "gemini"}}', "provider 'p': api:"),
+        ('{"p": {"base_url": "https://x", "max_output_tokens": 0}}', "max_output_tokens"),
+        ('{"p": {"base_url": "https://x", "key": "sk-inline"}}', "provider 'p': key:"),
+    ],
+)  # fmt: skip
+def test_the_platforms_provider_setting_is_checked(
+    monkeypatch: pytest.MonkeyPatch, value: str, fragment: str
+) -> None:
+    monkeypatch.setenv(PROVIDERS, value)
+    with pytest.raises(ValidationError) as info:
+        HandlerSettings()
+    assert fragment in str(info.value)
+
+
+async def test_a_pipeline_of_model_steps_runs_and_keeps_no_key(
+    server: ModelServer, redis: Redis
+) -> None:
+    """End to end on Valkey: one step's reply is the next one's prompt, a rate limit is
+    retried by the step's policy, and the key is nowhere in what the run keeps."""
+    doc = {
+        "id": "p",
+        "steps": [
+            {"id": "draft", "uses": "model",
+             "with": {"provider": "gpt", "model": "gpt-small", "prompt": "the plan"}},
+            {"id": "review", "uses": "model",
+             "with": {"provider": "claude", "model": "c",
+                      "prompt": "Review: ${steps.draft.output.text}"},
+             "retry": {"max_attempts": 3, "backoff_initial_s": 0.01, "jitter": 0}},
+        ],
+    }  # fmt: skip
+    store = ExecutionStore(redis)
+    eid = await store.create(compile_pipeline(parse_pipeline(doc)))
+    server.answers.append((200, _openai_text("a draft")))  # for the draft
+    server.answers.append((429, {"error": {"message": "slow down"}}))  # the review, once
+    assert await WorkerPool(store).run(eid) == "Succeeded"
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["steps"]["review"]["output"]["text"] == "echo: Review: a draft"
+    assert snap["steps"]["review"]["attempts"] == 2
+    assert [s.path for s in server.seen] == ["/v1/chat/completions", "/v1/messages", "/v1/messages"]
+    kept = json.dumps(snap) + repr(await store.events(eid))
+    assert KEY not in kept and "slow down" in kept
