@@ -30,6 +30,7 @@ from pydantic_settings import (
 import airuntime
 from airuntime.core.log_output import LogFormat, LogLevel, LogSettings, known_level
 from airuntime.core.redis_client import CLUSTER_ENV
+from airuntime.engine.handlers.model_providers import MODEL_PROVIDERS_ENV, parse_providers
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
 
@@ -229,6 +230,19 @@ class OperatorSettings(BaseSettings):
     http_handler_allow: str = Field(default="", validation_alias=HTTP_ALLOW_ENV)
     """The platform's ``AIRUNTIME_HTTP_HANDLER_ALLOW`` for runtime pods."""
 
+    model_providers: str = Field(default="", validation_alias=MODEL_PROVIDERS_ENV)
+    """The platform's ``AIRUNTIME_MODEL_PROVIDERS`` (a JSON object) for runtime pods: the
+    model providers ``model`` steps may call."""
+
+    model_keys_secret: str | None = Field(
+        default=None, min_length=1, validation_alias=_var("MODEL_KEYS_SECRET")
+    )
+    """Secret holding the model providers' keys (``AIRUNTIME_OPERATOR_MODEL_KEYS_SECRET``;
+    it must exist in each pool's namespace), one entry per ``api_key_env`` named by a
+    provider, under that name. Every runtime pod gets each such variable from it through
+    an optional secretKeyRef (an entry missing: the variable is unset, and that
+    provider's steps fail saying so). Default ``None``: no keys are passed on."""
+
     log_level: str = Field(default="INFO", validation_alias=_var("LOG_LEVEL"))
     """Level of the operator's log (``AIRUNTIME_OPERATOR_LOG_LEVEL``: DEBUG, INFO,
     WARNING, ERROR; default INFO)."""
@@ -276,13 +290,21 @@ class OperatorSettings(BaseSettings):
     @model_validator(mode="after")
     def _valid_handler_policy(self) -> OperatorSettings:
         """The runtimes would refuse a malformed policy at start: refuse it here first."""
-        for field in ("python_handler_modules", "http_handler_deny_cidrs", "http_handler_allow"):
+        fields = (
+            "python_handler_modules",
+            "http_handler_deny_cidrs",
+            "http_handler_allow",
+            "model_providers",
+        )
+        for field in fields:
             value = getattr(self, field)
             try:
                 HandlerSettings.model_validate({field: value})
             except ValidationError as exc:
                 problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                raise ValueError(f"{env_var(field)}={value!r}: {problem}") from None
+                # The providers' JSON is not echoed: the problem names provider and field.
+                shown = "" if field == "model_providers" else f"={value!r}"
+                raise ValueError(f"{env_var(field)}{shown}: {problem}") from None
         return self
 
     def runtime_platform_env(self) -> list[dict[str, Any]]:
@@ -291,7 +313,14 @@ class OperatorSettings(BaseSettings):
             {"name": PYTHON_MODULES_ENV, "value": self.python_handler_modules},
             {"name": HTTP_DENY_ENV, "value": self.http_handler_deny_cidrs},
             {"name": HTTP_ALLOW_ENV, "value": self.http_handler_allow},
+            {"name": MODEL_PROVIDERS_ENV, "value": self.model_providers},
         ]
+        if self.model_keys_secret:
+            providers = parse_providers(self.model_providers).values()
+            variables = sorted({p.api_key_env for p in providers if p.api_key_env})
+            for variable in variables:
+                ref = {"name": self.model_keys_secret, "key": variable, "optional": True}
+                env.append({"name": variable, "valueFrom": {"secretKeyRef": ref}})
         if self.runtime_token_secret:
             ref = {"name": self.runtime_token_secret, "key": self.runtime_token_key}
             env.append({"name": RUNTIME_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})

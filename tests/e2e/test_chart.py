@@ -890,6 +890,44 @@ def test_runtime_token_and_handler_policy_reach_control_plane_and_operator(
     ), "the operator names the Secret, it never holds the token"
 
 
+def test_model_providers_reach_control_plane_and_operator_and_the_keys_only_runtimes(
+    render: Callable[..., list[Doc]],
+) -> None:
+    """``modelProviders`` is one JSON variable on the control plane and the operator, as
+    the processes read it; the operator, given ``modelKeysSecret``, hands runtime pods a
+    reference per key variable; the control plane never gets a key."""
+    from airuntime.engine.handlers.settings import HandlerSettings
+    from airuntime_operator import OperatorSettings
+
+    providers = {
+        "openai": {
+            "base_url": "https://api.openai.com/v1",
+            "api_key_env": "OPENAI_API_KEY",
+            "models": ["gpt-4o-mini"],
+        },
+        "local": {"base_url": "http://vllm.models.svc:8000/v1", "timeout_s": 300},
+    }
+    docs = render({"modelProviders": providers, "modelKeysSecret": "model-keys"})
+    (cp,) = [c for w, _, c in workloads(docs) if component(w) == "control-plane"]
+    (op,) = [c for w, _, c in workloads(docs) if component(w) == "operator"]
+    for container in (cp, op):
+        value = _literal_env(container)["AIRUNTIME_MODEL_PROVIDERS"]
+        assert json.loads(value) == providers
+        read = HandlerSettings.model_validate({"model_providers": value}).model_providers
+        assert read["openai"].models == ("gpt-4o-mini",) and read["local"].timeout_s == 300
+    assert "OPENAI_API_KEY" not in env_of(cp)
+    literal = _literal_env(op)
+    assert literal["AIRUNTIME_OPERATOR_MODEL_KEYS_SECRET"] == "model-keys"
+    literal["AIRUNTIME_REDIS_URL"] = "redis://valkey:6379/0"  # a secretKeyRef in the chart
+    runtime_env = {e["name"]: e for e in OperatorSettings.from_env(literal).runtime_platform_env()}
+    assert runtime_env["OPENAI_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "model-keys", "key": "OPENAI_API_KEY", "optional": True}
+    }
+    plain = render(None)
+    (cp,) = [c for w, _, c in workloads(plain) if component(w) == "control-plane"]
+    assert _literal_env(cp)["AIRUNTIME_MODEL_PROVIDERS"] == ""
+
+
 def test_an_existing_runtime_token_secret_is_used_not_rendered(
     render: Callable[..., list[Doc]],
 ) -> None:

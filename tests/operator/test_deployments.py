@@ -155,6 +155,41 @@ def test_runtime_pods_get_the_platforms_token_and_handler_policy_over_the_pools(
     assert by_name["LOG_LEVEL"] == "debug"
 
 
+def test_runtime_pods_get_the_model_providers_and_only_their_keys() -> None:
+    """The providers reach every runtime pod as the platform wrote them; with a keys
+    Secret, each variable a provider names comes from it (optional: a missing entry
+    leaves that provider's steps failing with a message, not the pod unable to start),
+    over what the pool says; nothing else of the Secret is passed on."""
+    from airuntime_operator import OperatorSettings
+
+    providers = (
+        '{"gpt": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},'
+        ' "claude": {"api": "anthropic", "base_url": "https://api.anthropic.com",'
+        ' "api_key_env": "ANTHROPIC_API_KEY"},'
+        ' "local": {"base_url": "http://vllm.models:8000/v1"}}'
+    )
+    environ = {
+        **PLATFORM,
+        "AIRUNTIME_MODEL_PROVIDERS": providers,
+        "AIRUNTIME_OPERATOR_MODEL_KEYS_SECRET": "model-keys",
+    }
+    platform_env = OperatorSettings.from_env(environ).runtime_platform_env()
+    spec = _spec(env=[{"name": "OPENAI_API_KEY", "value": "sk-the-pool-authors"}])
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in deployments.runtime_env(spec, platform_env)
+    }
+    assert env["AIRUNTIME_MODEL_PROVIDERS"] == providers
+    for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        ref = {"name": "model-keys", "key": variable, "optional": True}
+        assert env[variable] == {"secretKeyRef": ref}
+    keys = [name for name in env if name.endswith("_KEY") and name != "AIRUNTIME_RUNTIME_TOKEN"]
+    assert sorted(keys) == ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
+    without = OperatorSettings.from_env({**environ, "AIRUNTIME_OPERATOR_MODEL_KEYS_SECRET": ""})
+    names = {e["name"] for e in without.runtime_platform_env()}
+    assert "AIRUNTIME_MODEL_PROVIDERS" in names and "OPENAI_API_KEY" not in names
+
+
 def test_without_a_token_secret_the_pool_keeps_its_own_token_variable() -> None:
     from airuntime_operator import OperatorSettings
 

@@ -104,6 +104,14 @@ def test_settings_from_env() -> None:
             "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS='x/99'",
             id="deny-cidrs-malformed",
         ),
+        pytest.param(  # the providers' JSON is not echoed: provider and field are named
+            {
+                "AIRUNTIME_REDIS_URL": "redis://r",
+                "AIRUNTIME_MODEL_PROVIDERS": '{"gpt": {"base_url": "x", "api_key_env": "K"}}',
+            },
+            "^AIRUNTIME_MODEL_PROVIDERS: provider 'gpt': base_url: 'x' must be an http",
+            id="model-providers",
+        ),
         pytest.param(
             {"AIRUNTIME_REDIS_URL": "redis://r", "AIRUNTIME_LOG_FORMAT": "xml"},
             "AIRUNTIME_LOG_FORMAT='xml'",

@@ -184,6 +184,8 @@ imagePullSecrets:
   value: {{ join "," .Values.httpHandlerDenyCidrs | quote }}
 - name: AIRUNTIME_HTTP_HANDLER_ALLOW
   value: {{ join "," .Values.httpHandlerAllow | quote }}
+- name: AIRUNTIME_MODEL_PROVIDERS
+  value: {{ if .Values.modelProviders }}{{ toJson .Values.modelProviders | quote }}{{ else }}""{{ end }}
 {{- end }}
 
 {{/* The log's level and format: the control plane's, and (through the operator) every
