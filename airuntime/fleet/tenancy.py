@@ -36,9 +36,11 @@ DEFAULT_ALLOWED_HANDLERS: tuple[str, ...] = (
     "input",
     "fail",
     "http",
+    "model",
 )
 """Handlers a tenant's pipelines may use unless its settings say otherwise: the built-ins
-that run no code a pipeline names (``http`` refuses internal addresses). ``python`` and
+that run no code a pipeline names (``http`` refuses internal addresses, ``model`` calls
+only the providers the platform defines, none by default). ``python`` and
 custom handlers must be listed explicitly in the tenant's ``allowed_handlers``."""
 
 HANDLER_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$"

@@ -6,7 +6,10 @@ retried, and what is refused when the pipeline is submitted."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -365,3 +368,28 @@ async def test_a_pipeline_of_model_steps_runs_and_keeps_no_key(
     assert [s.path for s in server.seen] == ["/v1/chat/completions", "/v1/messages", "/v1/messages"]
     kept = json.dumps(snap) + repr(await store.events(eid))
     assert KEY not in kept and "slow down" in kept
+
+
+def test_the_packaged_example_runs_with_airt_run(server: ModelServer) -> None:
+    """``airt run model-review`` as a user runs it: the embedded Valkey, a provider named
+    ``local`` defined in the environment, the example's two calls in order, the review
+    parsed as JSON."""
+    server.answers.append((200, _openai_text("Launch on Monday. Two features. One fix.")))
+    server.answers.append((200, _openai_text('{"approved": true, "reason": "clear"}')))
+    providers = json.dumps({"local": {"base_url": server.openai_url}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRUNTIME_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "airuntime.cli", "run", "model-review", "--json",
+         "--input", "topic=the launch"],
+        env={**env, "AIRUNTIME_MODEL_PROVIDERS": providers},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    snapshot = json.loads(result.stdout)
+    assert snapshot["status"] == "Succeeded"
+    assert snapshot["steps"]["review"]["output"]["json"] == {"approved": True, "reason": "clear"}
+    draft, review = server.seen
+    assert draft.body["messages"][1]["content"].endswith("about the launch.")
+    assert review.body["messages"][1]["content"] == (
+        "Review this announcement: Launch on Monday. Two features. One fix."
+    )

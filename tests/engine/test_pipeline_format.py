@@ -872,7 +872,9 @@ def test_there_are_examples() -> None:
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in EXAMPLES])
-def test_every_example_compiles(path: Path) -> None:
+def test_every_example_compiles(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a platform defining the model provider the examples name (``local``)."""
+    monkeypatch.setenv("AIRUNTIME_MODEL_PROVIDERS", '{"local": {"base_url": "http://m/v1"}}')
     plan = load_plan(path, registry=REGISTRY)
     assert plan.steps
     assert Plan.from_json(plan.to_json()) == plan
