@@ -314,6 +314,12 @@ def report(ctx: typer.Context, srid: _Id, tenant: _Tenant = None, as_json: _Json
         f"{body['recoveries']}; slot wait {body['slot_wait_ns'] / 1e6:.3f}ms",
         highlight=False,
     )
+    for usage in body.get("model_usage") or ():
+        out.print(
+            f"model {usage['provider']}/{usage['model']}: {usage['calls']} calls, "
+            f"{usage['input_tokens']:,} input and {usage['output_tokens']:,} output tokens",
+            highlight=False,
+        )
 
 
 @runs_app.command("answer")

@@ -2,7 +2,7 @@
 
 Why this exists: ``GET /v1/runs/{id}/trace`` (a per-step timeline fit for a Gantt
 view) and ``GET /v1/runs/{id}/report`` (durations, the critical path, retries,
-recoveries, step-slot waits and evidence) answer the question "what happened, where
+recoveries, step-slot waits and evidence, model tokens) answer the question "what happened, where
 and why did it take this long" -- for a run still hot in Redis and for one in the
 archive alike. Both read the execution's material and its ledger (every transition,
 stamped with Redis time by its stream id), nothing else.
@@ -177,9 +177,39 @@ def _critical_path(rows: list[dict[str, Any]]) -> tuple[list[str], int]:
     return path, total
 
 
+MODEL_HANDLER = "model"
+
+
+def _tokens(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _model_usage(ex: ExecutionMaterial, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Calls and tokens of the execution's completed ``model`` steps, per provider and
+    model as the provider reported it (what it bills): read from the steps' outputs, so
+    an attempt that failed, whose reply was never kept, is not counted."""
+    totals: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        if row["handler"] != MODEL_HANDLER:
+            continue
+        output = ex.steps.get(row["step"], {}).get("output")
+        if not isinstance(output, dict) or not isinstance(output.get("usage"), dict):
+            continue
+        key = (str(output.get("provider") or "-"), str(output.get("model") or "-"))
+        entry = totals.setdefault(
+            key,
+            {"provider": key[0], "model": key[1], "calls": 0, "input_tokens": 0,
+             "output_tokens": 0},
+        )  # fmt: skip
+        entry["calls"] += 1
+        entry["input_tokens"] += _tokens(output["usage"].get("input_tokens"))
+        entry["output_tokens"] += _tokens(output["usage"].get("output_tokens"))
+    return [totals[k] for k in sorted(totals)]
+
+
 def build_report(ex: ExecutionMaterial, ledger: list[LedgerEntry]) -> dict[str, Any]:
-    """Durations, the critical path by durations, retries, recoveries, slot waits and
-    the step-slot evidence of one execution."""
+    """Durations, the critical path by durations, retries, recoveries, slot waits, the
+    step-slot evidence and the model calls' tokens of one execution."""
     trace = build_trace(ex, ledger)
     rows = []
     for row in trace["steps"]:
@@ -207,4 +237,5 @@ def build_report(ex: ExecutionMaterial, ledger: list[LedgerEntry]) -> dict[str, 
         "recoveries": sum(r["recoveries"] for r in rows),
         "slot_wait_ns": sum(w["queue_ns"] for w in trace["slot_waits"]),
         "step_slots": trace["step_slots"],
+        "model_usage": _model_usage(ex, trace["steps"]),
     }

@@ -232,3 +232,44 @@ async def test_follow_true_on_an_archived_run_streams_its_ledger_from_the_cursor
     assert frames[-1][0] == "event: end" and data[-1]["status"] == "Succeeded"
     whole = await _all_events(api.client, srid, 999)
     assert first["events"] + data[:-1] == whole, "the stream goes on exactly after the cursor"
+
+
+async def test_the_report_totals_the_model_calls_tokens_before_and_after_retention(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a run's model calls cost, per provider and model as the provider named it,
+    from the completed steps' outputs: the same from Redis and from the archive."""
+    from tests.engine.model_server import model_server
+
+    with model_server() as server:
+        providers = {
+            "gpt": {"base_url": server.openai_url},
+            "claude": {"api": "anthropic", "base_url": server.anthropic_url},
+        }
+        monkeypatch.setenv("AIRUNTIME_MODEL_PROVIDERS", json.dumps(providers))
+        ask = lambda sid, provider, prompt: {  # noqa: E731
+            "id": sid,
+            "uses": "model",
+            "with": {"provider": provider, "model": "m", "prompt": prompt},
+        }
+        pipeline = {
+            "id": "costs",
+            "steps": [
+                ask("a", "gpt", "one two three"),
+                ask("b", "gpt", "four five"),
+                ask("c", "claude", "six"),
+                {"id": "d", "uses": "echo", "with": {"value": {"usage": {"input_tokens": 99}}}},
+            ],
+        }
+        srid = await submit(api.client, pipeline)
+        details = await ended(api.client, srid)
+        assert details["status"] == "Succeeded", details
+        before = (await api.client.get(f"/v1/runs/{srid}/report", headers=auth("alice-a"))).json()
+    # The test server counts words: a prompt's as input, the reply's ("echo: " + it) as output.
+    assert before["model_usage"] == [
+        {"provider": "claude", "model": "m", "calls": 1, "input_tokens": 1, "output_tokens": 2},
+        {"provider": "gpt", "model": "m-2026", "calls": 2, "input_tokens": 5, "output_tokens": 7},
+    ]
+    await archive_and_expire(api.redis, api.history, srid)
+    after = (await api.client.get(f"/v1/runs/{srid}/report", headers=auth("alice-a"))).json()
+    assert after["model_usage"] == before["model_usage"]

@@ -57,6 +57,10 @@ class ReportBody(_Body):
     recoveries: int
     slot_wait_ns: int
     step_slots: list[dict[str, Any]]
+    model_usage: list[dict[str, Any]] = Field(
+        description="Per provider and model (as reported): calls, input_tokens, "
+        "output_tokens of the completed model steps."
+    )
 
 
 class RunsPageBody(_Body):
