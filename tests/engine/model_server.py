@@ -75,6 +75,14 @@ def openai_reply(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def openai_text(text: str) -> dict[str, Any]:
+    """An OpenAI-compatible answer whose reply is ``text``."""
+    return {
+        "model": "m",
+        "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+    }
+
+
 def claude(request: dict[str, Any]) -> dict[str, Any]:
     """What Anthropic's Messages API answers: the last user message, echoed."""
     text = _last_user(request["messages"])

@@ -23,7 +23,7 @@ from airuntime.engine.handlers.model_call import model_call
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
 from airuntime.engine.worker_pool import WorkerPool
-from tests.engine.model_server import ModelServer, model_server
+from tests.engine.model_server import ModelServer, model_server, openai_text
 
 PROVIDERS = "AIRUNTIME_MODEL_PROVIDERS"
 KEY_ENV = "TEST_MODEL_KEY"
@@ -147,23 +147,16 @@ async def test_a_provider_without_a_key_gets_no_credentials(server: ModelServer)
 
 
 async def test_output_json_parses_the_reply(server: ModelServer) -> None:
-    server.answers.append((200, _openai_text('{"verdict": "ok", "score": 3}')))
+    server.answers.append((200, openai_text('{"verdict": "ok", "score": 3}')))
     out = await model_call(
         ctx({"provider": "local", "model": "m", "prompt": "judge", "output": "json"})
     )
     assert out["json"] == {"verdict": "ok", "score": 3}
-    server.answers.append((200, _openai_text("Sure! Here it is: {")))
+    server.answers.append((200, openai_text("Sure! Here it is: {")))
     with pytest.raises(TransientError, match="reply is not JSON"):
         await model_call(
             ctx({"provider": "local", "model": "m", "prompt": "judge", "output": "json"})
         )
-
-
-def _openai_text(text: str) -> dict[str, Any]:
-    return {
-        "model": "m",
-        "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-    }
 
 
 @pytest.mark.parametrize(
@@ -358,7 +351,7 @@ async def test_a_pipeline_of_model_steps_runs_and_keeps_no_key(
     }  # fmt: skip
     store = ExecutionStore(redis)
     eid = await store.create(compile_pipeline(parse_pipeline(doc)))
-    server.answers.append((200, _openai_text("a draft")))  # for the draft
+    server.answers.append((200, openai_text("a draft")))  # for the draft
     server.answers.append((429, {"error": {"message": "slow down"}}))  # the review, once
     assert await WorkerPool(store).run(eid) == "Succeeded"
     snap = await store.snapshot(eid)
@@ -374,8 +367,8 @@ def test_the_packaged_example_runs_with_airt_run(server: ModelServer) -> None:
     """``airt run model-review`` as a user runs it: the embedded Valkey, a provider named
     ``local`` defined in the environment, the example's two calls in order, the review
     parsed as JSON."""
-    server.answers.append((200, _openai_text("Launch on Monday. Two features. One fix.")))
-    server.answers.append((200, _openai_text('{"approved": true, "reason": "clear"}')))
+    server.answers.append((200, openai_text("Launch on Monday. Two features. One fix.")))
+    server.answers.append((200, openai_text('{"approved": true, "reason": "clear"}')))
     providers = json.dumps({"local": {"base_url": server.openai_url}})
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRUNTIME_")}
     result = subprocess.run(

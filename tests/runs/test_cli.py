@@ -6,6 +6,7 @@ different for a nondeterministic python handler (exit 1, with the diff)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from airuntime.examples import all_examples
+from tests.engine.model_server import model_server, openai_text
 from tests.polling import wait_until
 from tests.runs.archive import archive_and_expire
 from tests.runs.served import ServedControlPlane
@@ -106,6 +108,9 @@ def test_submit_wait_show_events_trace_report_on_hot_and_archived_runs(
     served.call(lambda redis, store: archive_and_expire(redis, store, srid))
     assert views() == before
     assert srid in ok(airt(served, "runs", "--json"))
+    listed = json.loads(ok(airt(served, "runs", "list", "--json", "--limit", "5")))
+    assert listed == json.loads(ok(airt(served, "runs", "--json", "--limit", "5")))
+    assert srid in [r["shared_run_id"] for r in listed["runs"]]
     refused = airt(served, "runs", "show", srid, token="bob-b")
     assert refused.returncode == 2 and "404" in refused.stderr
 
@@ -293,11 +298,22 @@ def test_cancel_through_the_cli_ends_the_run_cancelled_and_only_for_its_tenant(
 
 @pytest.mark.parametrize("example", sorted(e.name for e in all_examples()))
 def test_replay_compare_is_identical_for_every_packaged_example(
-    served: ServedControlPlane, example: str
+    served: ServedControlPlane, example: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if example == "human-input":
         _replay_an_answered_run(served)
         return
+    with contextlib.ExitStack() as stack:
+        if example == "model-review":  # its provider, `local`, answering both runs alike
+            server = stack.enter_context(model_server())
+            providers = {"local": {"base_url": server.openai_url}}
+            monkeypatch.setenv("AIRUNTIME_MODEL_PROVIDERS", json.dumps(providers))
+            review = openai_text('{"approved": true, "reason": "clear"}')
+            server.answers.extend([(200, openai_text("A draft.")), (200, review)] * 2)
+        _replay_and_compare(served, example)
+
+
+def _replay_and_compare(served: ServedControlPlane, example: str) -> None:
     srid, result = submitted(served, example)
     ok(result)
     compared = airt(served, "runs", "replay", srid, "--compare")
