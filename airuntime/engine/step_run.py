@@ -32,7 +32,7 @@ from airuntime.core.errors import (
     StaleClaim,
 )
 from airuntime.core.transient import TRANSIENT_ERRORS
-from airuntime.engine.handlers import StepContext, invoke
+from airuntime.engine.handlers import MAX_RETRY_AFTER_S, StepContext, invoke
 from airuntime.engine.pipeline import PlanStep
 from airuntime.engine.pool_settings import AttemptOutcome
 from airuntime.engine.references import resolve
@@ -235,6 +235,9 @@ class StepRun:
             exc, "non_retryable", False
         )
         delay_ms = int(retry_delay_s(step.retry, claim.attempt, part.eid, step.id) * 1000)
+        asked = getattr(exc, "retry_after_s", None) if retryable else None
+        if isinstance(asked, int | float) and asked > 0:
+            delay_ms = max(delay_ms, int(min(asked, MAX_RETRY_AFTER_S) * 1000))
         message = f"{type(exc).__name__}: {exc}"
 
         async def fail() -> FailOutcome:

@@ -30,8 +30,9 @@ class Seen:
 class ModelServer:
     port: int = 0
     seen: list[Seen] = field(default_factory=list)
-    answers: deque[tuple[int, Any]] = field(default_factory=deque)
-    """Queued answers: (status, body); a str body is sent as it is, anything else as JSON."""
+    answers: deque[tuple[int, Any] | tuple[int, Any, dict[str, str]]] = field(default_factory=deque)
+    """Queued answers: (status, body[, headers]); a str body is sent as it is, anything
+    else as JSON."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -42,11 +43,13 @@ class ModelServer:
     def anthropic_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def answer(self, path: str, body: Any) -> tuple[int, Any]:
+    def answer(self, path: str, body: Any) -> tuple[int, Any, dict[str, str]]:
         with self.lock:
             if self.answers:
-                return self.answers.popleft()
-        return 200, (openai_reply(body) if path.endswith("/chat/completions") else claude(body))
+                status, reply, *headers = self.answers.popleft()
+                return status, reply, headers[0] if headers else {}
+        reply = openai_reply(body) if path.endswith("/chat/completions") else claude(body)
+        return 200, reply, {}
 
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
@@ -104,9 +107,11 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             body = json.loads(self.rfile.read(length) or b"null")
             with server.lock:
                 server.seen.append(Seen(self.path, dict(self.headers.items()), body))
-            status, reply = server.answer(self.path, body)
+            status, reply, headers = server.answer(self.path, body)
             data = reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()
             self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -20,6 +21,7 @@ from redis.asyncio import Redis
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import StepContext, StepFailed, TransientError
 from airuntime.engine.handlers.model_call import model_call
+from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
 from airuntime.engine.worker_pool import WorkerPool
@@ -386,3 +388,54 @@ def test_the_packaged_example_runs_with_airt_run(server: ModelServer) -> None:
     assert review.body["messages"][1]["content"] == (
         "Review this announcement: Launch on Monday. Two features. One fix."
     )
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Retry-After": "7"}, 7.0),
+        ({"Retry-After": "1.5"}, 1.5),
+        ({"retry-after-ms": "250", "Retry-After": "9"}, 0.25),
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:30 GMT"}, 30.0),
+        ({"Retry-After": "Wed, 21 Oct 2015 07:27:00 GMT"}, 0.0),
+        ({"Retry-After": "soon"}, None),
+        ({"Retry-After": "-3"}, None),
+        ({"Retry-After": "nan"}, None),
+        ({}, None),
+    ],
+)
+def test_retry_after_reads_seconds_milliseconds_and_dates(
+    headers: dict[str, str], expected: float | None
+) -> None:
+    now = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT
+    assert retry_after_s(httpx.Headers(headers), now=now) == expected
+
+
+async def test_a_rate_limited_step_waits_as_long_as_the_provider_asked(
+    server: ModelServer, redis: Redis
+) -> None:
+    """The retry of a 429 with ``Retry-After: 1`` is scheduled a second later although the
+    step's own backoff is 10 ms (read from the ledger: Redis time at the failure and the
+    retry's due time), and then succeeds."""
+    doc = pipeline(provider="gpt", model="gpt-small", prompt="hi")
+    doc["steps"][0]["retry"] = {"max_attempts": 2, "backoff_initial_s": 0.01, "jitter": 0}
+    store = ExecutionStore(redis)
+    eid = await store.create(compile_pipeline(parse_pipeline(doc)))
+    server.answers.append((429, {"error": {"message": "slow down"}}, {"Retry-After": "1"}))
+    assert await WorkerPool(store).run(eid) == "Succeeded"
+    (scheduled,) = [e for e in await store.events(eid) if e.type == "step_retry_scheduled"]
+    failed_at_ms = int(scheduled.id.split("-")[0])
+    assert int(scheduled.fields["next_retry_at"]) - failed_at_ms >= 1000
+
+
+async def test_the_http_handler_passes_retry_after_on_too(
+    server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airuntime.engine.handlers.builtin import http_request
+
+    monkeypatch.setenv("AIRUNTIME_HTTP_HANDLER_ALLOW", "127.0.0.1")
+    server.answers.append((503, "busy", {"Retry-After": "4"}))
+    url = f"{server.openai_url}/chat/completions"
+    with pytest.raises(TransientError, match="HTTP 503: busy") as info:
+        await http_request(ctx({"method": "POST", "url": url, "json": {}}))
+    assert info.value.retry_after_s == 4.0

@@ -65,6 +65,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "MAX_RETRY_AFTER_S",
     "Handler",
     "HandlerError",
     "HandlerRegistry",
@@ -104,7 +105,20 @@ class HandlerError(Exception):
 
 
 class TransientError(HandlerError):
-    """A failure that may go away: the engine retries while the step's retry policy allows."""
+    """A failure that may go away: the engine retries while the step's retry policy allows.
+
+    ``retry_after_s``: the earliest the other side said to try again (an HTTP
+    ``Retry-After``); the retry waits at least that long (up to
+    :data:`MAX_RETRY_AFTER_S`), or the policy's backoff when that is longer."""
+
+    def __init__(self, *args: object, retry_after_s: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after_s = retry_after_s
+
+
+MAX_RETRY_AFTER_S = 300.0
+"""The longest a ``retry_after_s`` holds a retry back (a server asking for an hour does
+not park a step for an hour; its retry policy still bounds the attempts)."""
 
 
 class StepFailed(HandlerError):

@@ -33,6 +33,7 @@ from airuntime.engine.handlers import (
     shared_executor,
 )
 from airuntime.engine.handlers.python_policy import CallableRefused, resolve_callable
+from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
 
 if TYPE_CHECKING:
@@ -201,7 +202,8 @@ async def http_request(ctx: StepContext) -> dict[str, Any]:
     """One HTTP request with httpx; output ``{"status": int, "json": ...}`` when the response
     is JSON, else ``{"status": int, "text": str}``.
 
-    5xx, 408/425/429 and network errors raise :class:`TransientError` so the engine retries;
+    5xx, 408/425/429 and network errors raise :class:`TransientError` so the engine retries
+    (no sooner than the response's ``Retry-After``);
     other 4xx are returned as output (the request was understood and answered). Redirects
     are followed only with ``follow_redirects: true`` (at most 5). Internal addresses
     (loopback, link-local and metadata, private, CGNAT, ...) are refused on every
@@ -229,7 +231,10 @@ async def http_request(ctx: StepContext) -> dict[str, Any]:
         raise TransientError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     status = response.status_code
     if status >= 500 or status in _RETRYABLE_STATUS:
-        raise TransientError(f"{method} {url}: HTTP {status}: {response.text[:200]}")
+        raise TransientError(
+            f"{method} {url}: HTTP {status}: {response.text[:200]}",
+            retry_after_s=retry_after_s(response.headers),
+        )
     content_type = response.headers.get("content-type", "")
     if "json" in content_type:
         try:

@@ -29,7 +29,8 @@ stored) and when the step runs (with the references resolved). A ``prompt``, ``s
 or message content that resolves to something other than text is sent as its JSON.
 
 Failures: a network error, a timeout, HTTP 408/409/425/429, 5xx and Anthropic's 529 are
-:class:`~airuntime.engine.handlers.TransientError` (the step's retry policy decides);
+:class:`~airuntime.engine.handlers.TransientError` (the step's retry policy decides, and
+the retry waits at least what the provider's ``Retry-After`` asked);
 a reply that ``output: json`` cannot parse is too (a retry may answer better). Any other
 4xx is :class:`~airuntime.engine.handlers.StepFailed` with the provider's message; 401
 and 403 say the platform's credentials were refused and never quote the reply. The key
@@ -51,6 +52,7 @@ from airuntime.engine.handlers.model_providers import (
     ModelProvider,
     describe_providers,
 )
+from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
 
 if TYPE_CHECKING:
@@ -405,7 +407,10 @@ def _answer(request: ModelRequest, response: httpx.Response, key: str | None) ->
     if status in (401, 403):
         raise StepFailed(f"{where}: HTTP {status}: the provider refused the platform's credentials")
     if status >= 500 or status in _RETRYABLE:
-        raise TransientError(f"{where}: HTTP {status}: {_provider_message(response, key)}")
+        raise TransientError(
+            f"{where}: HTTP {status}: {_provider_message(response, key)}",
+            retry_after_s=retry_after_s(response.headers),
+        )
     if status >= 400:
         raise StepFailed(f"{where}: HTTP {status}: {_provider_message(response, key)}")
     try:
