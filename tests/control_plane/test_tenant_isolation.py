@@ -588,6 +588,26 @@ async def test_handler_escapes_are_refused_at_submit_naming_step_and_value(world
     assert listed["runs"] == [], "no refused pipeline became a run"
 
 
+async def test_a_model_step_cannot_choose_where_the_platforms_key_goes(world: World) -> None:
+    """A ``model`` step names a provider the platform defines, written out; a URL of its
+    own, a provider it makes up or one chosen by a reference are refused at submit."""
+    target = f"http://127.0.0.1:{world.valkey_port}/v1"
+    tries = [
+        ({"provider": "nope", "model": "m", "prompt": "p"}, "with.provider", "unknown provider"),
+        ({"provider": "${inputs.p}", "model": "m", "prompt": "p"}, "with.provider", "written out"),
+        ({"provider": "nope", "model": "m", "prompt": "p", "base_url": target},
+         "with.base_url", "unknown field(s) base_url"),
+    ]  # fmt: skip
+    for with_, where, reason in tries:
+        pipeline = {"id": "b-model", "steps": [{"id": "ask", "uses": "model", "with": with_}]}
+        resp = await world.call("POST", "/v1/runs", BOB, {"pipeline": pipeline})
+        assert resp.status_code == 422, (with_, resp.text)
+        messages = [f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in resp.json()["detail"]]
+        assert any(where in m and reason in m for m in messages), messages
+    listed = (await world.call("GET", "/v1/runs", BOB)).json()
+    assert listed["runs"] == [], "no refused pipeline became a run"
+
+
 async def test_an_http_escape_known_only_at_run_time_fails_the_step_and_shows_nothing_of_a(
     world: World,
 ) -> None:
