@@ -186,7 +186,11 @@ def _check_compiles(
     key = tenant.tenant_id + "\0" + json.dumps(request.pipeline, sort_keys=True, default=str)
     if key not in seen:
         try:
-            inst.plans.compile(request.pipeline, allowed_handlers=tenant.allowed_handlers)
+            inst.plans.compile(
+                request.pipeline,
+                allowed_handlers=tenant.allowed_handlers,
+                allowed_model_providers=tenant.allowed_model_providers,
+            )
             seen[key] = None
         except PipelineError as exc:
             seen[key] = RunRefused(f"run request pipeline: {exc}", reason="invalid")

@@ -215,7 +215,9 @@ class Participation:
             )
         try:
             return self.inst.plans.compile(
-                self.request.pipeline, allowed_handlers=tenant.allowed_handlers
+                self.request.pipeline,
+                allowed_handlers=tenant.allowed_handlers,
+                allowed_model_providers=tenant.allowed_model_providers,
             )
         except PipelineError as exc:
             # A helper that cannot run this pipeline (e.g. lacks a handler) just does

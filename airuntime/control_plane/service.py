@@ -392,7 +392,9 @@ class ControlPlane:
             known, kept = await self.tenant_settings.get(tenant_id)
             try:
                 plan = self.plans.compile(
-                    pipeline, allowed_handlers=known.settings.allowed_handlers
+                    pipeline,
+                    allowed_handlers=known.settings.allowed_handlers,
+                    allowed_model_providers=known.settings.allowed_model_providers,
                 )
             except PipelineError as exc:
                 if not kept:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from airuntime.core.context import DEFAULT_TENANT
 from airuntime.core.parsed_records import ParsedRecords
+from airuntime.engine.handlers.model_providers import PROVIDER_NAME
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
@@ -44,6 +45,7 @@ only the providers the platform defines, none by default). ``python`` and
 custom handlers must be listed explicitly in the tenant's ``allowed_handlers``."""
 
 HANDLER_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$"
+MODEL_PROVIDER_PATTERN = PROVIDER_NAME.pattern
 
 
 class IsolationMode(StrEnum):
@@ -75,6 +77,12 @@ class TenantSettings(BaseModel):
     )
     """Handlers this tenant's pipelines may use; checked at submit and again when a
     runtime accepts the run."""
+    allowed_model_providers: (
+        tuple[Annotated[str, Field(pattern=MODEL_PROVIDER_PATTERN)], ...] | None
+    ) = Field(default=None, max_length=256)
+    """Model providers this tenant's ``model`` steps may call (of those the platform
+    defines in ``AIRUNTIME_MODEL_PROVIDERS``); None: all of them. Checked at submit and
+    again when a runtime accepts the run."""
 
     @model_validator(mode="before")
     @classmethod

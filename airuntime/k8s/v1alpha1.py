@@ -34,6 +34,7 @@ from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.tenancy import (
     DEFAULT_ALLOWED_HANDLERS,
     HANDLER_NAME_PATTERN,
+    MODEL_PROVIDER_PATTERN,
     IsolationMode,
     TenantSettings,
 )
@@ -287,6 +288,11 @@ class RuntimePoolSpec(
     )
     """Handlers the tenant's pipelines may use (checked at submit and when a runtime
     accepts a run); default: the built-ins that run no code a pipeline names."""
+    allowed_model_providers: list[Annotated[str, Field(pattern=MODEL_PROVIDER_PATTERN)]] | None = (
+        Field(default=None, max_length=256)
+    )
+    """Model providers the tenant's ``model`` steps may call, of those the platform
+    defines (checked at submit and when a runtime accepts a run); default: all of them."""
     idle_scale_in_delay_seconds: int = Field(default=300, ge=0, le=86_400)
     """Seconds a pod must stay idle before the operator removes it (scale-in, never below
     minInstances); 0 disables scale-in (e.g. when an HPA drives the pool)."""
@@ -343,6 +349,8 @@ class RuntimePoolSpec(
         }
         if self.allowed_handlers is not None:
             data["allowed_handlers"] = tuple(self.allowed_handlers)
+        if self.allowed_model_providers is not None:
+            data["allowed_model_providers"] = tuple(self.allowed_model_providers)
         if self.allow_shared_fallback is not None:
             data["allow_shared_fallback"] = self.allow_shared_fallback
         return TenantSettings.model_validate(data)
@@ -403,6 +411,10 @@ class TenantSettingsSnapshot(_Resource):
         default_factory=lambda: list(DEFAULT_ALLOWED_HANDLERS), max_length=256
     )
     """Handlers the tenant's pipelines may use."""
+    allowed_model_providers: list[Annotated[str, Field(pattern=MODEL_PROVIDER_PATTERN)]] | None = (
+        Field(default=None, max_length=256)
+    )
+    """Model providers the tenant's model steps may call (absent: all)."""
 
     @classmethod
     def of(cls, settings: TenantSettings) -> TenantSettingsSnapshot:

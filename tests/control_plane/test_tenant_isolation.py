@@ -608,6 +608,51 @@ async def test_a_model_step_cannot_choose_where_the_platforms_key_goes(world: Wo
     assert listed["runs"] == [], "no refused pipeline became a run"
 
 
+async def test_a_tenant_calls_only_the_model_providers_its_settings_allow(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B may call the platform's ``local`` provider only; A, with no such setting, any:
+    B's step naming ``openai`` is 422 at submit (and would be at a runtime's intake)."""
+    nowhere = {"base_url": "http://127.0.0.1:9/v1"}  # no call is made: refused or queued
+    providers = {"openai": nowhere, "local": nowhere}
+    monkeypatch.setenv("AIRUNTIME_MODEL_PROVIDERS", json.dumps(providers))
+    python_too = (*DEFAULT_ALLOWED_HANDLERS, "python")
+    restricted = _dedicated(
+        "tenant-b", allowed_handlers=python_too, allowed_model_providers=("local",)
+    )
+    await Registry(world.redis).put_tenant(restricted)
+
+    def ask(provider: str) -> dict[str, Any]:
+        with_ = {"provider": provider, "model": "m", "prompt": "p"}
+        step = {"id": "ask", "uses": "model", "with": with_}
+        return {"pipeline": {"id": f"ask-{provider}", "steps": [step]}}
+
+    resp = await world.call("POST", "/v1/runs", BOB, ask("openai"))
+    assert resp.status_code == 422, resp.text
+    (problem,) = resp.json()["detail"]
+    assert "provider 'openai' is not allowed for this tenant (local)" in problem["msg"], problem
+    await _submit(world, BOB, ask("local"))
+    await _submit(world, ALICE, ask("openai"))
+    # The runtime's intake holds the same rule for a request that did not come through
+    # the control plane's submit.
+    before = await _runs_in_redis(world)
+    b_instance = world.b_host.instances[0].instance_id
+    request = RunRequest(
+        shared_run_id="sr-00000000000000000000000000000b0b",
+        pipeline=ask("openai")["pipeline"],
+        snapshot=ExecutionContextSnapshot(tenant_id="tenant-b", user_id="bob"),
+    )
+    async with httpx.AsyncClient(base_url=world.b_host.endpoint, timeout=10) as client:
+        resp = await client.post(
+            f"/v1/instances/{b_instance}/runs",
+            json=request.model_dump(mode="json"),
+            headers=_bearer(RUNTIME_TOKEN),
+        )
+    assert resp.status_code == 400, resp.text
+    assert "provider 'openai' is not allowed for this tenant" in resp.text
+    assert await _runs_in_redis(world) == before, "nothing accepted or queued"
+
+
 async def test_an_http_escape_known_only_at_run_time_fails_the_step_and_shows_nothing_of_a(
     world: World,
 ) -> None:

@@ -24,6 +24,7 @@ from airuntime.engine.handlers.model_call import model_call
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
+from airuntime.engine.pipeline.plan_cache import PlanCache
 from airuntime.engine.worker_pool import WorkerPool
 from tests.engine.model_server import ModelServer, model_server, openai_text
 
@@ -439,3 +440,18 @@ async def test_the_http_handler_passes_retry_after_on_too(
     with pytest.raises(TransientError, match="HTTP 503: busy") as info:
         await http_request(ctx({"method": "POST", "url": url, "json": {}}))
     assert info.value.retry_after_s == 4.0
+
+
+def test_a_tenant_may_be_limited_to_some_providers(server: ModelServer) -> None:
+    doc = pipeline(provider="gpt", model="gpt-small", prompt="x")
+    assert compile_pipeline(parse_pipeline(doc), allowed_model_providers=["gpt", "local"])
+    for allowed, granted in ((["local"], "(local)"), ([], "(none)")):
+        with pytest.raises(PipelineError) as info:
+            compile_pipeline(parse_pipeline(doc), allowed_model_providers=allowed)
+        assert f"provider 'gpt' is not allowed for this tenant {granted}" in str(info.value)
+    # The plan cache keeps one verdict per allowlist, never another tenant's.
+    cache = PlanCache()
+    assert cache.compile(doc, allowed_model_providers=("gpt",))
+    with pytest.raises(PipelineError, match="not allowed for this tenant"):
+        cache.compile(doc, allowed_model_providers=("local",))
+    assert cache.compile(doc) is cache.compile(doc, allowed_model_providers=None)

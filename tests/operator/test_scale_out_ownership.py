@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from redis.asyncio import Redis
 
 from airuntime.fleet.registry import Registry
@@ -107,3 +108,32 @@ async def eventually_async(probe: Any, *, what: str, within: float = 60.0) -> An
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within:g}s waiting for {what}")
         await asyncio.sleep(0.1)
+
+
+async def test_allowed_model_providers_are_published_and_checked_by_the_api_server(
+    cluster: Cluster, namespace: str, valkey: Redis
+) -> None:
+    registry = Registry(valkey)
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(
+        namespace, "pool", pool_spec(tenant, prefix, allowedModelProviders=["local"])
+    )
+
+    async def published() -> tuple[str, ...] | bool | None:
+        if tenant not in await registry.tenant_ids():
+            return False
+        return (await registry.tenant(tenant)).allowed_model_providers
+
+    async def local_only() -> bool:
+        return await published() == ("local",)
+
+    await eventually_async(local_only, what="the providers published")
+    cluster.patch_pool(namespace, "pool", {"spec": {"allowedModelProviders": None}})
+
+    async def all_of_them() -> bool:
+        return await published() is None
+
+    await eventually_async(all_of_them, what="no restriction once the field is gone")
+    with pytest.raises(ApiException) as info:  # the CRD's pattern, at the API server
+        cluster.patch_pool(namespace, "pool", {"spec": {"allowedModelProviders": ["Open AI"]}})
+    assert info.value.status == 422 and "allowedModelProviders" in str(info.value.body)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -141,7 +141,9 @@ class _Reader:
         return value
 
 
-def _read_provider(reader: _Reader, providers: Mapping[str, ModelProvider]) -> ModelProvider | None:
+def _read_provider(
+    reader: _Reader, providers: Mapping[str, ModelProvider], allowed: Collection[str] | None
+) -> ModelProvider | None:
     name = reader.literal("provider")
     if name is None:
         return None
@@ -149,6 +151,10 @@ def _read_provider(reader: _Reader, providers: Mapping[str, ModelProvider]) -> M
     if provider is None:
         known = describe_providers(dict(providers))
         reader.problem("provider", f"unknown provider {name!r}; {known}")
+    elif allowed is not None and name not in allowed:
+        granted = ", ".join(sorted(allowed)) or "none"
+        reader.problem("provider", f"provider {name!r} is not allowed for this tenant ({granted})")
+        return None
     return provider
 
 
@@ -251,7 +257,10 @@ def _read_options(
 
 
 def _read(
-    value: object, providers: Mapping[str, ModelProvider], written: bool
+    value: object,
+    providers: Mapping[str, ModelProvider],
+    written: bool,
+    allowed: Collection[str] | None = None,
 ) -> tuple[ModelRequest | None, list[tuple[str, str]]]:
     if not isinstance(value, Mapping):
         return None, [("", f"with must be a mapping (value={value!r})")]
@@ -261,7 +270,7 @@ def _read(
         reader.problem(
             unknown[0], f"unknown field(s) {', '.join(unknown)} (known: {', '.join(FIELDS)})"
         )
-    provider = _read_provider(reader, providers)
+    provider = _read_provider(reader, providers, allowed)
     model = _read_model(reader, provider)
     system = value.get("system")
     if system is not None and system == "":
@@ -287,10 +296,15 @@ def _read(
     )
 
 
-def call_problems(value: object, providers: Mapping[str, ModelProvider]) -> list[tuple[str, str]]:
-    """What is wrong with a ``model`` step's ``with`` as written in a pipeline:
-    ``(field, problem)`` pairs (empty when it may be submitted)."""
-    return _read(value, providers, written=True)[1]
+def call_problems(
+    value: object,
+    providers: Mapping[str, ModelProvider],
+    allowed: Collection[str] | None = None,
+) -> list[tuple[str, str]]:
+    """What is wrong with a ``model`` step's ``with`` as written in a pipeline, for a
+    tenant that may call the providers ``allowed`` (None: all): ``(field, problem)``
+    pairs (empty when it may be submitted)."""
+    return _read(value, providers, written=True, allowed=allowed)[1]
 
 
 def parse_request(value: object, providers: Mapping[str, ModelProvider]) -> ModelRequest:

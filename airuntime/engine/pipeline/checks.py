@@ -262,14 +262,21 @@ def check_http_url(i: int, step: StepSpec, value: Any, problems: list[Problem]) 
         problems.append(Problem(where, f"step {step.id!r}: url {url!r}: {refusal}"))
 
 
-def check_model_call(i: int, step: StepSpec, value: Any, problems: list[Problem]) -> None:
-    """A ``model`` step names, written out, a provider of ``AIRUNTIME_MODEL_PROVIDERS`` and
-    a model it offers, with a prompt or messages and options in range; checked again,
-    references resolved, when it runs (:mod:`~airuntime.engine.handlers.model_call`)."""
+def check_model_call(
+    i: int,
+    step: StepSpec,
+    value: Any,
+    problems: list[Problem],
+    allowed: Collection[str] | None = None,
+) -> None:
+    """A ``model`` step names, written out, a provider of ``AIRUNTIME_MODEL_PROVIDERS``
+    the tenant may call (``allowed``; None: all) and a model it offers, with a prompt or
+    messages and options in range; checked again, references resolved, when it runs
+    (:mod:`~airuntime.engine.handlers.model_call`)."""
     if step.uses != MODEL_HANDLER:
         return
     providers = handler_settings().model_providers
-    for field, message in call_problems({} if value is None else value, providers):
+    for field, message in call_problems({} if value is None else value, providers, allowed):
         where = f"steps[{i}].with.{field}" if field else f"steps[{i}].with"
         problems.append(Problem(where, f"step {step.id!r}: {message}"))
 

@@ -67,40 +67,42 @@ def compile_pipeline(
     limits: PipelineLimits = DEFAULT_LIMITS,
     *,
     allowed_handlers: Collection[str] | None = None,
+    allowed_model_providers: Collection[str] | None = None,
     python_modules: Collection[str] | None = None,
 ) -> Plan:
     """Check a spec completely and compile it into a :class:`Plan`.
 
     ``registry`` (default: :func:`~airuntime.engine.handlers.default_registry`) decides which
     ``uses`` names exist; ``allowed_handlers`` (the tenant's allowlist; None = no
-    restriction) which of them the pipeline may use; ``python_modules`` which modules
-    ``python`` steps may call (None = the platform's ``AIRUNTIME_PYTHON_HANDLER_MODULES``).
-    Raises :class:`PipelineError` listing every problem found.
+    restriction) which of them the pipeline may use; ``allowed_model_providers`` which
+    of the platform's model providers its ``model`` steps may call (None = all);
+    ``python_modules`` which modules ``python`` steps may call (None = the platform's
+    ``AIRUNTIME_PYTHON_HANDLER_MODULES``). Raises :class:`PipelineError` listing every
+    problem found.
     """
     registry = default_registry() if registry is None else registry
     if python_modules is None:
         python_modules = handler_settings().python_handler_modules
+    rules = _StepRules(
+        known=frozenset(registry.names()),
+        allowed=None if allowed_handlers is None else frozenset(allowed_handlers),
+        python_modules=tuple(python_modules),
+        model_providers=(
+            None if allowed_model_providers is None else frozenset(allowed_model_providers)
+        ),
+    )
     check_step_count(spec.steps, limits)
     with collector_paused():  # a large plan is many objects, none of them garbage
-        return _compile(spec, registry, limits, allowed_handlers, python_modules)
+        return _compile(spec, rules, limits)
 
 
-def _compile(
-    spec: PipelineSpec,
-    registry: HandlerRegistry,
-    limits: PipelineLimits,
-    allowed_handlers: Collection[str] | None,
-    python_modules: Collection[str],
-) -> Plan:
+def _compile(spec: PipelineSpec, rules: _StepRules, limits: PipelineLimits) -> Plan:
     """:func:`compile_pipeline`'s checks and build, once the step count is known to be
     within the limit."""
     problems: list[Problem] = []
     first = check_ids(spec.steps, problems)
     budget = SizeBudget(limits.max_pipeline_bytes)
     run_inputs = check_run_inputs(spec.inputs, budget, problems)
-    known = frozenset(registry.names())
-    allowed = None if allowed_handlers is None else frozenset(allowed_handlers)
-    rules = _StepRules(known, allowed, tuple(python_modules))
     graph = _check_steps(spec.steps, rules, first, budget, limits, problems)
     check_edge_count(graph.edges, limits, problems)
     topo = check_cycles(spec.steps, first, graph.deps, problems)
@@ -111,7 +113,7 @@ def _compile(
 
 @dataclass(frozen=True)
 class _StepRules:
-    """What decides whether a step's handler may be used."""
+    """What decides whether a step's handler may be used, and how."""
 
     known: Set[str]
     """Registered handler names."""
@@ -119,6 +121,8 @@ class _StepRules:
     """The tenant's handler allowlist (None = no restriction)."""
     python_modules: tuple[str, ...]
     """Modules ``python`` steps may call."""
+    model_providers: Set[str] | None
+    """Model providers the tenant's ``model`` steps may call (None = all the platform's)."""
 
     def usable(self, handler: str) -> bool:
         """The handler exists and the tenant may use it (its inputs are worth checking)."""
@@ -143,7 +147,7 @@ def _check_steps(
         if checked and rules.usable(s.uses):
             check_python_callable(i, s, value, rules.python_modules, problems)
             check_http_url(i, s, value, problems)
-            check_model_call(i, s, value, problems)
+            check_model_call(i, s, value, problems, rules.model_providers)
         referenced = check_references(i, s, value, first, problems) if checked else set()
         check_input_step(i, s, problems)
         graph.refs[i] = sorted(referenced)

@@ -38,7 +38,7 @@ __all__ = ["PlanCache"]
 MAX_PLANS: Final = 256
 MAX_STEPS: Final = 50_000
 
-_Key = tuple[str, frozenset[str] | None, tuple[str, ...], int]
+_Key = tuple[str, frozenset[str] | None, frozenset[str] | None, tuple[str, ...], int]
 
 
 class PlanCache:
@@ -61,27 +61,33 @@ class PlanCache:
         self.misses = 0
 
     def compile(
-        self, pipeline: Mapping[str, Any], *, allowed_handlers: Collection[str] | None = None
+        self,
+        pipeline: Mapping[str, Any],
+        *,
+        allowed_handlers: Collection[str] | None = None,
+        allowed_model_providers: Collection[str] | None = None,
     ) -> Plan:
-        """The plan of ``pipeline`` for a tenant with ``allowed_handlers`` (None = no
-        restriction); raises :class:`~airuntime.engine.pipeline.problems.PipelineError`
-        exactly as :func:`compile_pipeline` does."""
+        """The plan of ``pipeline`` for a tenant with ``allowed_handlers`` and
+        ``allowed_model_providers`` (None = no restriction); raises
+        :class:`~airuntime.engine.pipeline.problems.PipelineError` exactly as
+        :func:`compile_pipeline` does."""
         settings = handler_settings()
+        allowed = None if allowed_handlers is None else frozenset(allowed_handlers)
+        providers = None if allowed_model_providers is None else frozenset(allowed_model_providers)
         try:
             document = json.dumps(pipeline, sort_keys=True, separators=(",", ":"))
         except (TypeError, ValueError):
             # Not plain JSON: the parser names the problem; nothing is kept.
-            return self._compile(pipeline, allowed_handlers)
-        allowed = None if allowed_handlers is None else frozenset(allowed_handlers)
+            return self._compile(pipeline, allowed, providers)
         # id(settings) stays unique while the entry holds the settings object.
-        key: _Key = (document, allowed, tuple(self.registry.names()), id(settings))
+        key: _Key = (document, allowed, providers, tuple(self.registry.names()), id(settings))
         with self._lock:
             found = self._plans.get(key)
             if found is not None:
                 self._plans.move_to_end(key)
                 self.hits += 1
                 return found[1]
-        plan = self._compile(pipeline, allowed_handlers)
+        plan = self._compile(pipeline, allowed, providers)
         with self._lock:
             self.misses += 1
             if len(plan.steps) <= self.max_steps and key not in self._plans:
@@ -92,8 +98,18 @@ class PlanCache:
                     self._steps -= len(old.steps)
         return plan
 
-    def _compile(self, pipeline: Mapping[str, Any], allowed: Collection[str] | None) -> Plan:
-        return compile_pipeline(parse_pipeline(pipeline), self.registry, allowed_handlers=allowed)
+    def _compile(
+        self,
+        pipeline: Mapping[str, Any],
+        allowed: Collection[str] | None,
+        providers: Collection[str] | None,
+    ) -> Plan:
+        return compile_pipeline(
+            parse_pipeline(pipeline),
+            self.registry,
+            allowed_handlers=allowed,
+            allowed_model_providers=providers,
+        )
 
     def __len__(self) -> int:
         return len(self._plans)
