@@ -82,14 +82,14 @@ _ListJson = Annotated[bool, typer.Option("--json", help="Same as -o json.")]
 
 
 @runs_app.callback()
-def runs_group(
+def list_runs(
     ctx: typer.Context,
     tenant: _Tenant = None,
-    limit: _Limit = 50,
-    status: _Status = None,
-    pipeline: _Pipeline = None,
-    cursor: _Cursor = None,
-    as_json: _ListJson = False,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    status: Annotated[list[str] | None, typer.Option(help="Only these statuses.")] = None,
+    pipeline: Annotated[str | None, typer.Option(help="Only this pipeline id.")] = None,
+    cursor: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as -o json.")] = False,
     output: Output = None,
     watch: Watch = False,
     interval: Interval = 2.0,
@@ -97,48 +97,11 @@ def runs_group(
     api: _Api = None,
     token: _Token = None,
 ) -> None:
-    """List the caller tenant's runs, hot and archived, newest first (also `airt runs
-    list`)."""
+    """List the caller tenant's runs, hot and archived, newest first (`airt runs` or
+    `airt runs list`)."""
     ctx.obj = {"tenant": tenant, "api": api, "token": token}
     if ctx.invoked_subcommand is not None:
         return
-    _list_runs(**{k: v for k, v in locals().items() if k != "ctx"})
-
-
-@runs_app.command("list")
-def list_runs(
-    tenant: _Tenant = None,
-    limit: _Limit = 50,
-    status: _Status = None,
-    pipeline: _Pipeline = None,
-    cursor: _Cursor = None,
-    as_json: _ListJson = False,
-    output: Output = None,
-    watch: Watch = False,
-    interval: Interval = 2.0,
-    updates: Updates = None,
-    api: _Api = None,
-    token: _Token = None,
-) -> None:
-    """List the caller tenant's runs, hot and archived, newest first (as `airt runs`)."""
-    _list_runs(**locals())
-
-
-def _list_runs(
-    *,
-    tenant: str | None,
-    limit: int,
-    status: list[str] | None,
-    pipeline: str | None,
-    cursor: str | None,
-    as_json: bool,
-    output: OutputFormat | None,
-    watch: bool,
-    interval: float,
-    updates: int | None,
-    api: str | None,
-    token: str | None,
-) -> None:
     fmt = output_format(output, as_json)
     base, tok = _client(api, token, tenant)
     params: dict[str, Any] = {"limit": limit, "status": status or []}
@@ -161,6 +124,11 @@ def _list_runs(
     )
     if last.get("next_cursor") and fmt in (OutputFormat.TABLE, OutputFormat.WIDE):
         console.print(f"more: --cursor {last['next_cursor']}")
+
+
+# The listing is also a command of its own, as users type it first (`gh run list`):
+# the same function, run with no subcommand under it, so it lists.
+runs_app.command("list")(list_runs)
 
 
 def _ms(value: Any) -> str:
