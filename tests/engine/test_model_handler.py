@@ -240,6 +240,8 @@ def pipeline(**with_: Any) -> dict[str, Any]:
                      id="model-not-offered"),
         pytest.param({"provider": "gpt", "prompt": "x"}, "model", "is required",
                      id="no-model"),
+        pytest.param({"provider": "local", "model": "m" * 257, "prompt": "x"}, "model",
+                     "must be a string of 1 to 256 characters", id="model-name-too-long"),
         pytest.param({"provider": "gpt", "model": "gpt-small"}, "prompt",
                      "exactly one of prompt and messages", id="no-prompt"),
         pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",

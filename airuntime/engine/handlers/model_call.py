@@ -77,6 +77,7 @@ FIELDS: Final = (
 ROLES: Final = ("system", "user", "assistant")
 OUTPUTS: Final = ("text", "json")
 MAX_STOP: Final = 4
+MAX_NAME: Final = 256
 ANTHROPIC_VERSION: Final = "2023-06-01"
 _RETRYABLE: Final = frozenset({408, 409, 425, 429, 529})
 _QUOTED: Final = 300
@@ -135,8 +136,9 @@ class _Reader:
         if _is_reference(value):
             self.problem(field, f"must be written out, not a reference (value={value!r})")
             return None
-        if not isinstance(value, str) or not value:
-            self.problem(field, f"must be a non-empty string (value={value!r})")
+        if not isinstance(value, str) or not value or len(value) > MAX_NAME:
+            shown = value if not isinstance(value, str) else value[:80]
+            self.problem(field, f"must be a string of 1 to {MAX_NAME} characters (value={shown!r})")
             return None
         return value
 
