@@ -2,7 +2,8 @@
 
 Gauges are refreshed from each instance's live state at scrape time (a custom
 collector), so they are never stale; counters and histograms are fed by the
-instance hooks (step outcomes, slot waits, run state changes, loop failures).
+instance hooks (step outcomes, slot waits, run state changes, loop failures); the model
+calls' counters are read from the process's totals at scrape time too.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from airuntime.engine.handlers.model_usage import totals
 
 if TYPE_CHECKING:
     from runtime_pod.instance import RuntimeInstance
@@ -58,6 +61,7 @@ class RuntimeMetrics:
         )
         self._instances: list[RuntimeInstance] = []
         self.registry.register(_InstanceCollector(self._instances))
+        self.registry.register(_ModelUsageCollector())
 
     def track(self, instance: RuntimeInstance) -> None:
         self._instances.append(instance)
@@ -78,6 +82,29 @@ class _InstanceCollector(Collector):
                 if current is not None:
                     family.add_metric([inst.instance_id], current)
             yield family
+
+
+class _ModelUsageCollector(Collector):
+    """The process's model calls and tokens (:mod:`airuntime.engine.handlers.model_usage`),
+    by tenant, provider and model (as the provider reported it; ``-`` for failed calls)."""
+
+    def collect(self) -> Iterable[Metric]:
+        usage = totals()
+        calls = CounterMetricFamily(
+            "airuntime_model_calls",
+            "Model calls of model steps by outcome (ok, retried: retryable failure, failed).",
+            labels=["tenant", "provider", "model", "outcome"],
+        )
+        for labels, count in sorted(usage.calls.items()):
+            calls.add_metric(list(labels), count)
+        tokens = CounterMetricFamily(
+            "airuntime_model_tokens",
+            "Tokens of model calls as the provider counted them (direction: input, output).",
+            labels=["tenant", "provider", "model", "direction"],
+        )
+        for labels, count in sorted(usage.tokens.items()):
+            tokens.add_metric(list(labels), count)
+        return [calls, tokens]
 
 
 def _queued(inst: RuntimeInstance) -> float | None:

@@ -457,3 +457,42 @@ def test_a_tenant_may_be_limited_to_some_providers(server: ModelServer) -> None:
     with pytest.raises(PipelineError, match="not allowed for this tenant"):
         cache.compile(doc, allowed_model_providers=("local",))
     assert cache.compile(doc) is cache.compile(doc, allowed_model_providers=None)
+
+
+async def test_a_runtimes_metrics_count_each_tenants_calls_and_tokens(server: ModelServer) -> None:
+    """``/metrics`` of a runtime host: calls by outcome and tokens by direction, per
+    tenant, provider and the model the provider reported; failed calls under ``-``, so
+    made-up model names add no series."""
+    from prometheus_client import generate_latest
+
+    from runtime_pod.metrics import RuntimeMetrics
+
+    tenant = f"t-{os.urandom(4).hex()}"
+
+    def as_tenant(with_: dict[str, Any]) -> StepContext:
+        return StepContext(
+            execution_id="e", step_id="s", attempt=1, inputs=with_, pipeline_id="p",
+            tenant_id=tenant,
+        )  # fmt: skip
+
+    for prompt in ("one two", "three"):
+        await model_call(as_tenant({"provider": "gpt", "model": "gpt-small", "prompt": prompt}))
+    server.answers.append((429, {"error": {"message": "slow"}}))
+    server.answers.append((404, {"error": {"message": "no such model"}}))
+    for _ in range(2):
+        with pytest.raises((TransientError, StepFailed)):
+            await model_call(as_tenant({"provider": "local", "model": "made-up", "prompt": "x"}))
+    text = generate_latest(RuntimeMetrics().registry).decode()
+    mine = {
+        line.rsplit(" ", 1)[0].replace(f',tenant="{tenant}"', ""): float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if f'tenant="{tenant}"' in line
+    }
+    calls, tokens = "airuntime_model_calls_total", "airuntime_model_tokens_total"
+    assert mine == {
+        f'{calls}{{model="gpt-small-2026",outcome="ok",provider="gpt"}}': 2,
+        f'{calls}{{model="-",outcome="retried",provider="local"}}': 1,
+        f'{calls}{{model="-",outcome="failed",provider="local"}}': 1,
+        f'{tokens}{{direction="input",model="gpt-small-2026",provider="gpt"}}': 3,
+        f'{tokens}{{direction="output",model="gpt-small-2026",provider="gpt"}}': 5,
+    }, text

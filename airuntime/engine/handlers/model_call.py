@@ -35,7 +35,8 @@ a reply that ``output: json`` cannot parse is too (a retry may answer better). A
 4xx is :class:`~airuntime.engine.handlers.StepFailed` with the provider's message; 401
 and 403 say the platform's credentials were refused and never quote the reply. The key
 is read from the runtime's environment for each call and never appears in an output or
-an error.
+an error. Each call is counted for the process's metrics
+(:mod:`~airuntime.engine.handlers.model_usage`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from airuntime.engine.handlers.model_providers import (
     ModelProvider,
     describe_providers,
 )
+from airuntime.engine.handlers.model_usage import CallOutcome, record_call
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
 
@@ -445,15 +447,26 @@ def _answer(request: ModelRequest, response: httpx.Response, key: str | None) ->
         "finish_reason": finish,
         "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
     }
-    if request.output == "json":
-        try:
-            out["json"] = json.loads(text)
-        except ValueError as exc:
-            excerpt = text[:_QUOTED] + ("..." if len(text) > _QUOTED else "")
-            raise TransientError(
-                f"{where}: output json asked, and the reply is not JSON ({exc}): {excerpt!r}"
-            ) from None
     return out
+
+
+def _parsed(request: ModelRequest, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with its text parsed as ``json`` when the step asked for it."""
+    if request.output != "json":
+        return out
+    text = out["text"]
+    try:
+        return {**out, "json": json.loads(text)}
+    except ValueError as exc:
+        excerpt = text[:_QUOTED] + ("..." if len(text) > _QUOTED else "")
+        raise TransientError(
+            f"provider {request.provider_name!r} model {request.model!r}: output json "
+            f"asked, and the reply is not JSON ({exc}): {excerpt!r}"
+        ) from None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 async def model_call(ctx: StepContext) -> dict[str, Any]:
@@ -465,11 +478,21 @@ async def model_call(ctx: StepContext) -> dict[str, Any]:
     build = _openai if request.provider.api is ModelApi.OPENAI else _anthropic
     url, headers, body = build(request, key)
     headers = {**request.provider.headers, **headers}
+    name = request.provider_name
     try:
         async with httpx.AsyncClient(timeout=request.provider.timeout_s) as client:
             response = await client.post(url, json=body, headers=headers)
+        out = _answer(request, response, key)
     except (httpx.TransportError, httpx.TimeoutException) as exc:
-        raise TransientError(
-            f"provider {request.provider_name!r}: POST {url}: {type(exc).__name__}: {exc}"
-        ) from exc
-    return _answer(request, response, key)
+        record_call(ctx.tenant_id, name, None, CallOutcome.RETRIED)
+        raise TransientError(f"provider {name!r}: POST {url}: {type(exc).__name__}: {exc}") from exc
+    except TransientError:
+        record_call(ctx.tenant_id, name, None, CallOutcome.RETRIED)
+        raise
+    except StepFailed:
+        record_call(ctx.tenant_id, name, None, CallOutcome.FAILED)
+        raise
+    usage = out["usage"]
+    tokens = _count(usage["input_tokens"]), _count(usage["output_tokens"])
+    record_call(ctx.tenant_id, name, out["model"], CallOutcome.OK, *tokens)
+    return _parsed(request, out)
