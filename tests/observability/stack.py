@@ -43,7 +43,7 @@ TENANT_TOKENS = {
 PREFIX = "obs"
 SCRAPE_S = 1
 CHART = Path(__file__).resolve().parents[2] / "helm" / "airuntime"
-HANDLERS = ["noop", "sleep", "echo", "fail"]
+HANDLERS = ["noop", "sleep", "echo", "fail", "model"]
 
 RULE_OVERRIDES = {
     # Short thresholds and `for`s, so that the provoked conditions fire within seconds;
@@ -77,6 +77,14 @@ class ObservedCluster(Cluster):
     """The chaos cluster with this test's tenants, tokens and faults."""
 
     config: ClusterConfig = field(default_factory=lambda: ClusterConfig(runtimes=2))
+    model_url: str = ""
+    """An OpenAI-compatible server: the platform's model provider ``local``, if set."""
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        if self.model_url:
+            providers = {"local": {"base_url": self.model_url}}
+            extra.setdefault("AIRUNTIME_MODEL_PROVIDERS", json.dumps(providers))
+        return super()._env(**extra)
 
     def _write_config(self) -> None:
         tokens = [{"token": ADMIN, "user": "ops", "tenant": "default", "roles": ["admin"]}]
@@ -229,6 +237,14 @@ def rate_interval_s(range_s: float, max_data_points: int = 1000) -> int:
     return max(interval + SCRAPE_S, 4 * SCRAPE_S)
 
 
+def _regex_value(value: str) -> str:
+    """A variable's value in a regex matcher as Grafana's Prometheus data source writes it
+    (``prometheusRegularEscape``): each regex metacharacter behind two backslashes, the
+    PromQL string's escape of one (Python's ``re.escape`` also escapes ``-``, with one
+    backslash: not a PromQL string escape, so ``tenant-a`` was a parse error)."""
+    return re.sub(r"([\\^$*+?.()|{}\[\]'])", r"\\\\\1", value)
+
+
 def grafana_expr(expr: str, *, range_s: float, tenant: str | None = None) -> str:
     """``expr`` as Grafana sends it: ``$__rate_interval``/``$__interval``/``$__range`` in
     seconds, ``$tenant`` as the variable's All value (``.*``, its ``allValue``) or one
@@ -238,7 +254,7 @@ def grafana_expr(expr: str, *, range_s: float, tenant: str | None = None) -> str
         "__rate_interval": f"{rate_interval_s(range_s)}s",
         "__interval": f"{interval}s",
         "__range": f"{round(range_s)}s",
-        "tenant": ".*" if tenant is None else re.escape(tenant),
+        "tenant": ".*" if tenant is None else _regex_value(tenant),
     }
 
     def sub(m: re.Match[str]) -> str:
