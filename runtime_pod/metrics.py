@@ -91,14 +91,14 @@ class _ModelUsageCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         usage = totals()
         calls = CounterMetricFamily(
-            "airuntime_model_calls",
+            "airuntime_model_calls_total",
             "Model calls of model steps by outcome (ok, retried: retryable failure, failed).",
             labels=["tenant", "provider", "model", "outcome"],
         )
         for labels, count in sorted(usage.calls.items()):
             calls.add_metric(list(labels), count)
         tokens = CounterMetricFamily(
-            "airuntime_model_tokens",
+            "airuntime_model_tokens_total",
             "Tokens of model calls as the provider counted them (direction: input, output).",
             labels=["tenant", "provider", "model", "direction"],
         )
