@@ -178,13 +178,28 @@ def _step_duration(record: dict[str, Any]) -> str:
     return ""
 
 
+_MODEL_REPLY = frozenset({"text", "provider", "model", "finish_reason", "usage"})
+
+
+def _is_model_reply(output: Any) -> bool:
+    """The output of a ``model`` step (its keys exactly, ``json`` optional)."""
+    return (
+        isinstance(output, dict)
+        and isinstance(output.get("text"), str)
+        and set(output) - {"json"} == _MODEL_REPLY
+    )
+
+
 def _step_shown(record: dict[str, Any], width: int = 60) -> str:
-    """A step's error when it did not complete and has one, else its output; JSON,
-    cut to ``width`` characters (``--json`` has it whole)."""
+    """A step's error when it did not complete and has one, else its output (a model
+    step's: the reply's text); JSON, cut to ``width`` characters (``--json`` has it
+    whole)."""
     error = record.get("error")
     shown = error if error and record.get("status") != "completed" else record.get("output")
     if shown is None:
         return "-"
+    if _is_model_reply(shown):
+        shown = shown["text"]  # what the model said; the rest is in --json
     text = shown if isinstance(shown, str) else json.dumps(shown)
     return text if len(text) <= width else text[: width - 3] + "..."
 

@@ -391,6 +391,18 @@ def test_the_packaged_example_runs_with_airt_run(server: ModelServer) -> None:
     assert review.body["messages"][1]["content"] == (
         "Review this announcement: Launch on Monday. Two features. One fix."
     )
+    # The step table shows what the model said, not the reply's envelope.
+    server.answers.append((200, openai_text("Launch on Monday. Two features. One fix.")))
+    server.answers.append((200, openai_text('{"approved": false, "reason": "vague"}')))
+    table = subprocess.run(
+        [sys.executable, "-m", "airuntime.cli", "run", "model-review"],
+        env={**env, "AIRUNTIME_MODEL_PROVIDERS": providers, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert "Launch on Monday. Two features. One fix." in table.stdout
+    assert '{"approved": false, "reason": "vague"}' in table.stdout
+    assert "finish_reason" not in table.stdout, table.stdout
 
 
 @pytest.mark.parametrize(
