@@ -102,6 +102,12 @@ class ModelRequest:
     output: str
 
 
+def _shown(value: object, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters, for a refusal (a value may be long)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _is_reference(value: object) -> bool:
     return isinstance(value, str) and "${" in value
 
@@ -136,11 +142,11 @@ class _Reader:
             self.problem(field, "is required")
             return None
         if _is_reference(value):
-            self.problem(field, f"must be written out, not a reference (value={value!r})")
+            self.problem(field, f"must be written out, not a reference (value={_shown(value)})")
             return None
         if not isinstance(value, str) or not value or len(value) > MAX_NAME:
-            shown = value if not isinstance(value, str) else value[:80]
-            self.problem(field, f"must be a string of 1 to {MAX_NAME} characters (value={shown!r})")
+            limits = f"must be a string of 1 to {MAX_NAME} characters"
+            self.problem(field, f"{limits} (value={_shown(value)})")
             return None
         return value
 
@@ -181,7 +187,7 @@ def _read_messages(reader: _Reader) -> tuple[tuple[str, str], ...]:
     if has_prompt:
         prompt = reader.value["prompt"]
         if prompt is None or prompt == "":
-            reader.problem("prompt", f"must not be empty (value={prompt!r})")
+            reader.problem("prompt", f"must not be empty (value={_shown(prompt)})")
             return ()
         return (("user", _as_text(prompt)),)
     messages = reader.value["messages"]
@@ -189,7 +195,7 @@ def _read_messages(reader: _Reader) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         reader.problem(
-            "messages", f"must be a non-empty list of {{role, content}} (value={messages!r})"
+            "messages", f"must be a non-empty list of {{role, content}} (value={_shown(messages)})"
         )
         return ()
     out: list[tuple[str, str]] = []
@@ -198,14 +204,16 @@ def _read_messages(reader: _Reader) -> tuple[tuple[str, str], ...]:
         if reader.written and _is_reference(message):
             continue
         if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
-            reader.problem(where, f"must be a mapping of role and content (value={message!r})")
+            shape = "must be a mapping of role and content"
+            reader.problem(where, f"{shape} (value={_shown(message)})")
             continue
         role, content = message["role"], message["content"]
         if not (reader.written and _is_reference(role)) and role not in ROLES:
-            reader.problem(f"{where}.role", f"must be one of {', '.join(ROLES)} (value={role!r})")
+            roles = ", ".join(ROLES)
+            reader.problem(f"{where}.role", f"must be one of {roles} (value={_shown(role)})")
             continue
         if content is None or content == "":
-            reader.problem(f"{where}.content", f"must not be empty (value={content!r})")
+            reader.problem(f"{where}.content", f"must not be empty (value={_shown(content)})")
             continue
         out.append((str(role), _as_text(content)))
     return tuple(out)
@@ -216,7 +224,7 @@ def _read_int(reader: _Reader, field: str, low: int, high: int) -> int | None:
     if value is None or reader.pending(field):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        reader.problem(field, f"must be an integer from {low} to {high} (value={value!r})")
+        reader.problem(field, f"must be an integer from {low} to {high} (value={_shown(value)})")
         return None
     return value
 
@@ -233,7 +241,8 @@ def _read_options(
             or not isinstance(temperature, int | float)
             or not 0 <= temperature <= 2
         ):
-            reader.problem("temperature", f"must be a number from 0 to 2 (value={temperature!r})")
+            shown = _shown(temperature)
+            reader.problem("temperature", f"must be a number from 0 to 2 (value={shown})")
             temperature = None
     elif reader.pending("temperature"):
         temperature = None
@@ -246,7 +255,8 @@ def _read_options(
             or not 1 <= len(items) <= MAX_STOP
             or not all(isinstance(s, str) and s for s in items)
         ):
-            reader.problem("stop", f"must be 1 to {MAX_STOP} non-empty strings (value={stop!r})")
+            shape = f"must be 1 to {MAX_STOP} non-empty strings"
+            reader.problem("stop", f"{shape} (value={_shown(stop)})")
         else:
             stops = tuple(items)
     seed = _read_int(reader, "seed", 0, 2**63 - 1)
@@ -255,7 +265,7 @@ def _read_options(
         reader.problem("seed", f"provider {name!r} ({provider.api.value} API) takes no seed")
     output = reader.value.get("output", "text")
     if output not in OUTPUTS:
-        reader.problem("output", f"must be text or json (value={output!r})")
+        reader.problem("output", f"must be text or json (value={_shown(output)})")
         output = "text"
     return max_tokens, temperature, stops, seed, str(output)
 
@@ -267,7 +277,7 @@ def _read(
     allowed: Collection[str] | None = None,
 ) -> tuple[ModelRequest | None, list[tuple[str, str]]]:
     if not isinstance(value, Mapping):
-        return None, [("", f"with must be a mapping (value={value!r})")]
+        return None, [("", f"with must be a mapping (value={_shown(value)})")]
     reader = _Reader(value, written)
     unknown = sorted(str(k) for k in value if k not in FIELDS)
     if unknown:
