@@ -355,7 +355,36 @@ QUEUE_COLUMNS = (
 )
 
 
+def models(
+    tenant: Annotated[
+        str | None, typer.Option(help="Act as this tenant (local stack tokens).")
+    ] = None,
+    output: Output = None,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """The model providers the caller's tenant may name in `model` steps: name, API,
+    the models a step may ask for (any when none are listed), the most max_tokens."""
+    fmt = output_format(output, False)
+    base, tok = _client(api, token, tenant)
+
+    def fetch() -> tuple[Any, list[Any]]:
+        body = api_call("GET", f"{base}/v1/model-providers", tok, timeout=30)
+        return body, body
+
+    print_listing(fetch, title="model providers", columns=MODEL_COLUMNS, fmt=fmt)
+
+
+MODEL_COLUMNS = (
+    Column("provider", lambda p: p["name"], is_id=True),
+    Column("api", lambda p: p["api"], no_wrap=True),
+    Column("models", lambda p: ", ".join(p["models"]) or "any"),
+    Column("max tokens", lambda p: f"{p['max_output_tokens']:,}", no_wrap=True),
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("drain")(drain)
     app.command("queue")(queue)
+    app.command("models")(models)

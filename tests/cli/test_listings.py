@@ -222,3 +222,28 @@ def test_watch_redraws_until_updates_and_refuses_json(served: ServedControlPlane
     assert contradiction.returncode == 2 and "--json" in contradiction.stderr
     bad = airt(served, "queue", "-o", "xml")
     assert bad.returncode == 2 and "xml" in bad.stderr
+
+
+def test_models_lists_the_providers_a_tenant_may_name(
+    served: ServedControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    providers = {
+        "openai": {"base_url": "https://api.openai.com/v1", "models": ["gpt-4o-mini", "o3"]},
+        "local": {"base_url": "http://vllm.models.svc:8000/v1"},
+    }
+    monkeypatch.setenv("AIRUNTIME_MODEL_PROVIDERS", json.dumps(providers))
+
+    async def narrow_tenant_b(redis: Any, _history: Any) -> None:
+        await Registry(redis).put_tenant(
+            TenantSettings(tenant_id="tenant-b", allowed_model_providers=("local",))
+        )
+
+    served.call(narrow_tenant_b)
+    table = ok(airt(served, "models"))
+    assert "gpt-4o-mini, o3" in table and "any" in table and "vllm" not in table
+    assert [p["name"] for p in json.loads(ok(airt(served, "models", "-o", "json")))] == [
+        "local",
+        "openai",
+    ]
+    as_b = json.loads(ok(airt(served, "models", "-o", "json", token="bob-b")))
+    assert [p["name"] for p in as_b] == ["local"]

@@ -137,6 +137,7 @@ OPERATIONS: Final = [
     ("GET", "/v1/queue"),
     ("POST", "/v1/queue/drain"),
     ("GET", "/v1/instances"),
+    ("GET", "/v1/model-providers"),
     ("GET", "/v1/tenants/{tenant_id}/settings"),
     ("PUT", "/v1/tenants/{tenant_id}/settings"),
     ("PUT", "/v1/tenants/{tenant_id}/step-slots"),

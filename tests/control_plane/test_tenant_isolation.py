@@ -272,6 +272,15 @@ async def _instances(world: World) -> None:
     assert (await world.call("GET", "/v1/instances", NOBODY)).status_code == 401
 
 
+async def _model_providers(world: World) -> None:
+    """B sees the providers B may call (the allowlists themselves are covered by the test
+    of allowed_model_providers), nothing of A's; without a token 401."""
+    resp = await world.call("GET", "/v1/model-providers", BOB)
+    assert resp.status_code == 200, resp.text
+    _assert_clean(world, resp, "GET /v1/model-providers (B)")
+    assert (await world.call("GET", "/v1/model-providers", NOBODY)).status_code == 401
+
+
 async def _tenant_settings(world: World) -> None:
     resp = await world.call("GET", "/v1/tenants/tenant-a/settings", BOB)
     assert resp.status_code == 404, resp.text
@@ -410,6 +419,7 @@ async def _mcp(world: World) -> None:
             assert result["isError"] is True and "not found" in resp.text, resp.text
             _assert_clean(world, resp, f"MCP {tool} (B)", frozenset({srid}))
     for tool, args in (("list_runs", {}), ("queue_status", {}), ("list_instances", {}),
+                       ("list_model_providers", {}),
                        ("get_tenant_settings", {"tenant_id": "tenant-a"})):  # fmt: skip
         resp = await _mcp_call(world, BOB, tool, **args)
         assert resp.status_code == 200, resp.text
@@ -437,6 +447,7 @@ REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/v1/queue"): _queue,
     ("POST", "/v1/queue/drain"): _drain,
     ("GET", "/v1/instances"): _instances,
+    ("GET", "/v1/model-providers"): _model_providers,
     ("GET", "/v1/tenants/{tenant_id}/settings"): _tenant_settings,
     ("PUT", "/v1/tenants/{tenant_id}/settings"): _put_tenant_settings,
     ("PUT", "/v1/tenants/{tenant_id}/step-slots"): _put_step_slots,
@@ -627,6 +638,11 @@ async def test_a_tenant_calls_only_the_model_providers_its_settings_allow(
         step = {"id": "ask", "uses": "model", "with": with_}
         return {"pipeline": {"id": f"ask-{provider}", "steps": [step]}}
 
+    # What each may name, as GET /v1/model-providers lists it (names, never URLs).
+    for who, names in ((BOB, ["local"]), (ALICE, ["local", "openai"])):
+        listed = (await world.call("GET", "/v1/model-providers", who)).json()
+        assert [p["name"] for p in listed] == names, listed
+        assert "127.0.0.1" not in json.dumps(listed)
     resp = await world.call("POST", "/v1/runs", BOB, ask("openai"))
     assert resp.status_code == 422, resp.text
     (problem,) = resp.json()["detail"]

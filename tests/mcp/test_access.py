@@ -35,6 +35,7 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "drain_queue": {"max_count": 1},
     "queue_status": {},
     "list_instances": {},
+    "list_model_providers": {},
     "get_tenant_settings": {},
     "set_tenant_settings": {"settings": {"tenant_id": "tenant-a"}},
     "set_step_slots": {"limit": 1},

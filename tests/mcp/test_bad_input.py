@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from airuntime.control_plane.mcp.tools import TOOL_CAPABILITIES
 from airuntime.control_plane.settings import ControlPlaneSettings
 from tests.mcp.conftest import TINY, WAITING, mcp_session, ok, refused, stack
 from tests.mcp.test_access import UNKNOWN
@@ -111,5 +112,5 @@ async def test_a_call_while_redis_is_down_is_a_retryable_error(history: Any, too
         text = await refused(op, tool, **args.get(tool, {}))
         assert "unavailable (retryable): Redis is not available (ConnectionError)" in text
         assert "retry in 5 s" in text
-        assert len((await op.list_tools()).tools) == 17  # the session lives on
+        assert len((await op.list_tools()).tools) == len(TOOL_CAPABILITIES)  # the session lives on
     await dead.aclose()

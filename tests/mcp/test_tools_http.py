@@ -4,6 +4,7 @@ real runtime on real Valkey."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -215,3 +216,34 @@ async def test_queue_fleet_and_tenant_settings_tools(
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_list_model_providers_shows_what_the_tenant_may_call(
+    valkey: Any, history: Any, manual: ControlPlaneSettings, monkeypatch: Any
+) -> None:
+    """An agent writing a pipeline asks which providers its `model` steps may name: the
+    platform's, narrowed by the tenant's allowed_model_providers; names, never URLs."""
+    providers = {
+        "openai": {"base_url": "https://api.openai.com/v1", "models": ["gpt-4o-mini"]},
+        "local": {"base_url": "http://10.0.0.7:8000/v1", "max_output_tokens": 512},
+    }
+    monkeypatch.setenv("AIRUNTIME_MODEL_PROVIDERS", json.dumps(providers))
+    async with stack(valkey, history, manual) as s, mcp_session(s.url, "admin-a") as admin:
+        table = await ok(admin, "list_model_providers")
+        assert table == {
+            "tenant_id": "tenant-a",
+            "providers": [
+                {"name": "local", "api": "openai", "models": [], "max_output_tokens": 512},
+                {"name": "openai", "api": "openai", "models": ["gpt-4o-mini"],
+                 "max_output_tokens": 4096},
+            ],
+        }  # fmt: skip
+        current = await ok(admin, "get_tenant_settings")
+        await ok(
+            admin, "set_tenant_settings", settings={**current, "allowed_model_providers": ["local"]}
+        )
+        narrowed = await ok(admin, "list_model_providers")
+        assert [p["name"] for p in narrowed["providers"]] == ["local"]
+        no_model = [h for h in current["allowed_handlers"] if h != "model"]
+        await ok(admin, "set_tenant_settings", settings={**current, "allowed_handlers": no_model})
+        assert (await ok(admin, "list_model_providers"))["providers"] == []

@@ -1,6 +1,7 @@
-"""``/v1/instances`` and ``/v1/tenants``: the runtime instances and the tenant settings a
-caller may see, and the settings an operator or an admin may change (the same
-operations as the MCP tools ``set_tenant_settings`` and ``set_step_slots``)."""
+"""``/v1/instances``, ``/v1/model-providers`` and ``/v1/tenants``: the runtime instances,
+the model providers and the tenant settings a caller may see, and the settings an
+operator or an admin may change (the same operations as the MCP tools
+``set_tenant_settings`` and ``set_step_slots``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from airuntime.control_plane.api.deps import (
     Reader,
     error,
 )
-from airuntime.control_plane.api.models import InstanceView, StepSlotsRequest
+from airuntime.control_plane.api.models import InstanceView, ModelProviderView, StepSlotsRequest
 from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.rbac import TENANT_ID_PATTERN
@@ -36,6 +37,14 @@ async def instances(who: Reader, context: Context) -> list[InstanceView]:
     """The instances the caller's tenant may run on, each with its suspect mark (an
     instance admission skips for a while because deliveries to it failed)."""
     return await operations.instances(context, who)
+
+
+@router.get("/model-providers", response_model=list[ModelProviderView])
+async def model_providers(who: Reader, context: Context) -> list[ModelProviderView]:
+    """The model providers the caller's tenant may name in `model` steps (the platform's,
+    within the tenant's `allowed_model_providers`): names, APIs, models, token caps;
+    never where they are or the keys they are called with."""
+    return await operations.model_providers(context, who)
 
 
 @router.get(

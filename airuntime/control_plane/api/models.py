@@ -165,6 +165,16 @@ class InstanceView(InstanceDescriptor):
     suspect: SuspectMark | None = None
 
 
+class ModelProviderView(_Body):
+    """A model provider a tenant's ``model`` steps may name: what a pipeline author needs
+    to write the step, never where the provider is or the key it is called with."""
+
+    name: str = Field(description="What a model step's `provider` names.")
+    api: str = Field(description="openai (Chat Completions) or anthropic (Messages).")
+    models: list[str] = Field(description="The models a step may ask for; empty: any.")
+    max_output_tokens: int = Field(description="The most `max_tokens` a step may ask for.")
+
+
 class Health(_Body):
     status: str
 

@@ -27,6 +27,7 @@ from airuntime.control_plane.api.models import (
     DrainRequest,
     DrainResponse,
     InstanceView,
+    ModelProviderView,
     PipelineYamlError,
     QueueResponse,
     SubmitRequest,
@@ -60,6 +61,8 @@ from airuntime.core.errors import (
     StepNotFound,
 )
 from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.handlers.model_call import MODEL_HANDLER
+from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.spec import INPUT_HANDLER
 from airuntime.engine.status import StepStatus
 from airuntime.fleet.tenancy import TenantSettings
@@ -399,6 +402,25 @@ async def instances(context: ApiContext, who: Principal) -> list[InstanceView]:
     return [
         InstanceView.model_validate({**d.model_dump(), "suspect": marks.get(d.instance_id)})
         for d in visible
+    ]
+
+
+async def model_providers(context: ApiContext, who: Principal) -> list[ModelProviderView]:
+    """The platform's model providers the caller's tenant may call (none when it may not
+    use ``model`` steps), by name: names, APIs and models, never URLs or keys."""
+    tenant = await context.control_plane.registry.tenant(who.tenant_id)
+    if MODEL_HANDLER not in tenant.allowed_handlers:
+        return []
+    allowed = tenant.allowed_model_providers
+    return [
+        ModelProviderView(
+            name=name,
+            api=provider.api.value,
+            models=list(provider.models),
+            max_output_tokens=provider.max_output_tokens,
+        )
+        for name, provider in sorted(handler_settings().model_providers.items())
+        if allowed is None or name in allowed
     ]
 
 

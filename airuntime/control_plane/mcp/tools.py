@@ -41,7 +41,7 @@ from airuntime.control_plane.api.run_models import (
 )
 from airuntime.control_plane.mcp.access import McpAccess, role_for
 from airuntime.control_plane.mcp.refusals import guarded
-from airuntime.control_plane.mcp.views import InstanceRow, InstanceTable
+from airuntime.control_plane.mcp.views import InstanceRow, InstanceTable, ModelProviderTable
 from airuntime.control_plane.rbac import TENANT_ID_PATTERN, Capability, Principal
 from airuntime.control_plane.run_ledger import MAX_LIMIT
 from airuntime.control_plane.run_listing import RunFilter
@@ -79,6 +79,7 @@ TOOL_CAPABILITIES: Final[dict[str, Capability]] = {
     "drain_queue": Capability.DRAIN,
     "queue_status": Capability.READ,
     "list_instances": Capability.READ,
+    "list_model_providers": Capability.READ,
     "get_tenant_settings": Capability.READ,
     "set_tenant_settings": Capability.ADMIN,
     "set_step_slots": Capability.CANCEL,
@@ -298,6 +299,17 @@ class AirTools:
             )
 
         return await self._call(ctx, "list_instances", act)
+
+    async def list_model_providers(self, ctx: Ctx) -> ModelProviderTable:
+        """The model providers the caller's tenant may name in `model` steps (name, API,
+        models it offers, the most max_tokens): the platform's, within the tenant's
+        allowed_model_providers; never where they are or the keys they use."""
+
+        async def act(who: Principal) -> ModelProviderTable:
+            providers = await operations.model_providers(self.context, who)
+            return ModelProviderTable(tenant_id=who.tenant_id, providers=providers)
+
+        return await self._call(ctx, "list_model_providers", act)
 
     async def get_tenant_settings(
         self, ctx: Ctx, tenant_id: Annotated[str | None, Field(pattern=TENANT_ID_PATTERN)] = None

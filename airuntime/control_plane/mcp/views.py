@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from airuntime.control_plane.api.models import InstanceView
+from airuntime.control_plane.api.models import InstanceView, ModelProviderView
 from airuntime.fleet.registry import InstanceStatus
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
@@ -91,6 +91,15 @@ class InstanceTable(BaseModel):
 
     tenant_id: str = Field(description="The tenant whose view this is (the caller's).")
     instances: list[InstanceRow]
+
+
+class ModelProviderTable(BaseModel):
+    """The model providers the caller's tenant may name in ``model`` steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant_id: str = Field(description="The tenant whose view this is (the caller's).")
+    providers: list[ModelProviderView]
 
 
 class TenantSettingsResult(BaseModel):
