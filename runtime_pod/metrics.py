@@ -90,21 +90,27 @@ class _ModelUsageCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         usage = totals()
-        calls = CounterMetricFamily(
-            "airuntime_model_calls_total",
-            "Model calls of model steps by outcome (ok, retried: retryable failure, failed).",
-            labels=["tenant", "provider", "model", "outcome"],
+        families = (
+            (
+                "airuntime_model_calls_total",
+                "Model calls of model steps by outcome (ok, retried: retryable failure, failed).",
+                "outcome",
+                usage.calls,
+            ),
+            (
+                "airuntime_model_tokens_total",
+                "Tokens of model calls as the provider counted them (direction: input, output).",
+                "direction",
+                usage.tokens,
+            ),
         )
-        for labels, count in sorted(usage.calls.items()):
-            calls.add_metric(list(labels), count)
-        tokens = CounterMetricFamily(
-            "airuntime_model_tokens_total",
-            "Tokens of model calls as the provider counted them (direction: input, output).",
-            labels=["tenant", "provider", "model", "direction"],
-        )
-        for labels, count in sorted(usage.tokens.items()):
-            tokens.add_metric(list(labels), count)
-        return [calls, tokens]
+        for name, documentation, last_label, counts in families:
+            family = CounterMetricFamily(
+                name, documentation, labels=["tenant", "provider", "model", last_label]
+            )
+            for labels, count in sorted(counts.items()):
+                family.add_metric(list(labels), count)
+            yield family
 
 
 def _queued(inst: RuntimeInstance) -> float | None:
