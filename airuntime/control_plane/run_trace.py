@@ -25,6 +25,7 @@ from typing import Any
 from airuntime.control_plane.run_ledger import LedgerEntry
 from airuntime.control_plane.run_material import ExecutionMaterial
 from airuntime.control_plane.run_views import instance_of
+from airuntime.engine.handlers.model_call import MODEL_HANDLER
 from airuntime.engine.ledger_batches import BatchEntryError, per_step
 
 __all__ = ["build_report", "build_trace"]
@@ -175,9 +176,6 @@ def _critical_path(rows: list[dict[str, Any]]) -> tuple[list[str], int]:
         best[row["step"]] = (before[0] + row["duration_ms"], [*before[1], row["step"]])
     total, path = max(best.values(), key=weight, default=(0, []))
     return path, total
-
-
-MODEL_HANDLER = "model"
 
 
 def _tokens(value: Any) -> int:
