@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
@@ -508,3 +510,37 @@ async def test_a_runtimes_metrics_count_each_tenants_calls_and_tokens(server: Mo
         f'{tokens}{{direction="input",model="gpt-small-2026",provider="gpt"}}': 3,
         f'{tokens}{{direction="output",model="gpt-small-2026",provider="gpt"}}': 5,
     }, text
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+_LONG = st.text(min_size=200, max_size=400)
+_VALUE = _JSON | _LONG | st.sampled_from(["${inputs.x}", "${steps.a.output}", "", "json"])
+_FIELDS = st.sampled_from(["provider", "model", "prompt", "system", "messages", "max_tokens",
+                           "temperature", "stop", "seed", "output", "url"])  # fmt: skip
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    provider=st.sampled_from(["gpt", "claude", "local"]) | _VALUE,
+    model=st.sampled_from(["gpt-small", "m"]) | _VALUE,
+    prompt=st.just("hi") | _VALUE,
+    extra=st.dictionaries(_FIELDS, _VALUE, max_size=4),
+)
+def test_any_with_of_a_model_step_compiles_or_is_refused_naming_fields(
+    server: ModelServer, provider: Any, model: Any, prompt: Any, extra: dict[str, Any]
+) -> None:
+    """Whatever a tenant writes under ``with``, submit answers a plan or problems that
+    name ``steps[0].with...``: never another exception (a 500)."""
+    with_ = {"provider": provider, "model": model, "prompt": prompt, **extra}
+    try:
+        compile_pipeline(parse_pipeline(pipeline(**with_)))
+    except PipelineError as exc:
+        assert all(p.loc.startswith("steps[0].with") for p in exc.problems), exc.problems
