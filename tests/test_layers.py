@@ -30,7 +30,11 @@ def test_every_package_of_the_tree_is_in_the_wheel() -> None:
     in_tree = set()
     for top, folder in package_dirs.items():
         base = ROOT / folder
-        for init in base.rglob("__init__.py"):
-            rel = init.parent.relative_to(base)
-            in_tree.add(".".join([top, *rel.parts]))
+        # A package, or a directory of data files (Lua scripts, templates): setuptools
+        # warns about an importable directory listed nowhere, and may stop shipping it.
+        for directory in [base, *base.rglob("*")]:
+            if not directory.is_dir() or directory.name == "__pycache__":
+                continue
+            if any(f.is_file() and f.suffix != ".pyc" for f in directory.iterdir()):
+                in_tree.add(".".join([top, *directory.relative_to(base).parts]))
     assert set(setuptools["packages"]) == in_tree
