@@ -26,6 +26,7 @@ from airuntime.control_plane.run_ledger import LedgerEntry
 from airuntime.control_plane.run_material import ExecutionMaterial
 from airuntime.control_plane.run_views import instance_of
 from airuntime.engine.handlers.model_call import MODEL_HANDLER
+from airuntime.engine.handlers.model_usage import token_count
 from airuntime.engine.ledger_batches import BatchEntryError, per_step
 
 __all__ = ["build_report", "build_trace"]
@@ -178,10 +179,6 @@ def _critical_path(rows: list[dict[str, Any]]) -> tuple[list[str], int]:
     return path, total
 
 
-def _tokens(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _model_usage(ex: ExecutionMaterial, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Calls and tokens of the execution's completed ``model`` steps, per provider and
     model as the provider reported it (what it bills): read from the steps' outputs, so
@@ -200,8 +197,8 @@ def _model_usage(ex: ExecutionMaterial, rows: list[dict[str, Any]]) -> list[dict
              "output_tokens": 0},
         )  # fmt: skip
         entry["calls"] += 1
-        entry["input_tokens"] += _tokens(output["usage"].get("input_tokens"))
-        entry["output_tokens"] += _tokens(output["usage"].get("output_tokens"))
+        entry["input_tokens"] += token_count(output["usage"].get("input_tokens"))
+        entry["output_tokens"] += token_count(output["usage"].get("output_tokens"))
     return [totals[k] for k in sorted(totals)]
 
 

@@ -53,7 +53,7 @@ from airuntime.engine.handlers.model_providers import (
     ModelProvider,
     describe_providers,
 )
-from airuntime.engine.handlers.model_usage import CallOutcome, record_call
+from airuntime.engine.handlers.model_usage import CallOutcome, record_call, token_count
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
 
@@ -159,7 +159,7 @@ def _read_provider(
         return None
     provider = providers.get(name)
     if provider is None:
-        known = describe_providers(dict(providers))
+        known = describe_providers(providers)
         reader.problem("provider", f"unknown provider {name!r}; {known}")
     elif allowed is not None and name not in allowed:
         granted = ", ".join(sorted(allowed)) or "none"
@@ -234,17 +234,14 @@ def _read_options(
 ) -> tuple[int | None, float | None, tuple[str, ...], int | None, str]:
     cap = provider.max_output_tokens if provider is not None else 1_000_000
     max_tokens = _read_int(reader, "max_tokens", 1, cap)
-    temperature = reader.value.get("temperature")
-    if temperature is not None and not reader.pending("temperature"):
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not 0 <= temperature <= 2
-        ):
-            shown = _shown(temperature)
-            reader.problem("temperature", f"must be a number from 0 to 2 (value={shown})")
-            temperature = None
-    elif reader.pending("temperature"):
+    temperature = None if reader.pending("temperature") else reader.value.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 <= temperature <= 2
+    ):
+        shown = _shown(temperature)
+        reader.problem("temperature", f"must be a number from 0 to 2 (value={shown})")
         temperature = None
     stop = reader.value.get("stop")
     stops: tuple[str, ...] = ()
@@ -475,10 +472,6 @@ def _parsed(request: ModelRequest, out: dict[str, Any]) -> dict[str, Any]:
         ) from None
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 async def model_call(ctx: StepContext) -> dict[str, Any]:
     """The ``model`` handler (see the module doc)."""
     import httpx
@@ -503,6 +496,6 @@ async def model_call(ctx: StepContext) -> dict[str, Any]:
         record_call(ctx.tenant_id, name, None, CallOutcome.FAILED)
         raise
     usage = out["usage"]
-    tokens = _count(usage["input_tokens"]), _count(usage["output_tokens"])
+    tokens = token_count(usage["input_tokens"]), token_count(usage["output_tokens"])
     record_call(ctx.tenant_id, name, out["model"], CallOutcome.OK, *tokens)
     return _parsed(request, out)

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from airuntime.core.validation import format_validation_error
 
 __all__ = [
     "MODEL_PROVIDERS_ENV",
@@ -141,27 +144,15 @@ def parse_providers(value: object) -> dict[str, ModelProvider]:
                 f"provider name {name!r}: lower-case letters, digits, '.', '_', '-' "
                 "(at most 63, starting with a letter or digit)"
             )
-        if isinstance(spec, ModelProvider):
-            providers[name] = spec
-            continue
         try:
             providers[name] = ModelProvider.model_validate(spec)
-        except ValueError as exc:
-            raise ValueError(f"provider {name!r}: {_first_problem(exc)}") from None
+        except ValidationError as exc:
+            problem = format_validation_error(exc, with_value=False)
+            raise ValueError(f"provider {name!r}: {problem}") from None
     return providers
 
 
-def _first_problem(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    problem = errors()[0]
-    where = ".".join(str(part) for part in problem["loc"])
-    message = str(problem["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
-
-
-def describe_providers(providers: dict[str, ModelProvider]) -> str:
+def describe_providers(providers: Mapping[str, ModelProvider]) -> str:
     """The providers a step may name, for a refusal."""
     if not providers:
         return f"the platform defines none ({MODEL_PROVIDERS_ENV} is unset)"

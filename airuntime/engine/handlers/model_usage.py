@@ -19,8 +19,9 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-__all__ = ["CallOutcome", "UsageTotals", "record_call", "totals"]
+__all__ = ["CallOutcome", "UsageTotals", "record_call", "token_count", "totals"]
 
 
 class CallOutcome(StrEnum):
@@ -36,6 +37,12 @@ class UsageTotals:
     """(tenant, provider, model, outcome) -> calls."""
     tokens: dict[tuple[str, str, str, str], int]
     """(tenant, provider, model, direction: input | output) -> tokens."""
+
+
+def token_count(value: Any) -> int:
+    """A token count as a provider reported it, or 0 when it reported none that reads
+    as one (absent, negative, not an integer)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 _LOCK = threading.Lock()
