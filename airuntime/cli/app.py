@@ -4,6 +4,7 @@ Why this module is small: each command group lives in its own module
 (:mod:`~airuntime.cli.engine` ``run``/``worker``/``instances``,
 :mod:`~airuntime.cli.server` ``control-plane``, :mod:`~airuntime.cli.client`
 ``submit``/``drain``, :mod:`~airuntime.cli.run_commands` ``runs ...``,
+:mod:`~airuntime.cli.secrets` ``secrets ...``,
 :mod:`~airuntime.cli.local` ``up``/``demo``, :mod:`~airuntime.cli.mcp_server` ``mcp``,
 :mod:`~airuntime.cli.examples`), with what they share in :mod:`~airuntime.cli.common`.
 Deployables that ``airuntime`` must not import (``runtime_pod``, the operator) add
@@ -34,6 +35,7 @@ from airuntime.cli import (
     local,
     mcp_server,
     run_commands,
+    secrets,
     server,
 )
 from airuntime.cli.common import (
@@ -150,6 +152,7 @@ def assembled() -> typer.Typer:
         local,
         client,
         run_commands,
+        secrets,
         examples,
         crds,
         history,

@@ -97,8 +97,17 @@ def create_request(url: str, token: str, key: str, body: dict[str, Any] | None =
         delay = min(delay * 2, 5.0)
 
 
-def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs: Any) -> Any:
-    """One API call; a 4xx/5xx answer becomes exit 2 with the server's message."""
+def api_call(
+    method: str,
+    url: str,
+    token: str,
+    *,
+    timeout: float = 60,
+    expect_body: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """One API call; a 4xx/5xx answer becomes exit 2 with the server's message (None
+    for an answer without a body: ``expect_body=False``)."""
     try:
         resp = httpx.request(
             method, url, headers={"authorization": f"Bearer {token}"}, timeout=timeout, **kwargs
@@ -107,7 +116,7 @@ def api_call(method: str, url: str, token: str, *, timeout: float = 60, **kwargs
         raise invalid(f"cannot reach the control plane at {url}: {exc}") from None
     if resp.status_code >= 400:
         raise invalid(f"{resp.status_code}: {detail_text(error_detail(resp))}")
-    return resp.json()
+    return resp.json() if expect_body else None
 
 
 def error_detail(resp: httpx.Response) -> Any:

@@ -81,7 +81,10 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
-from airuntime.engine.pipeline import PipelineError, PlanCache
+from airuntime.engine.pipeline import PipelineError, Plan, PlanCache
+from airuntime.engine.pipeline.problems import Problem, format_loc
+from airuntime.engine.secret_refs import UnknownSecret, secret_uses
+from airuntime.engine.tenant_secrets import TenantSecrets
 from airuntime.fleet.discovery import publish_control_plane
 from airuntime.fleet.providers import LocalProvider, RuntimeProvider
 from airuntime.fleet.registry import InstanceDescriptor, Registry
@@ -187,6 +190,8 @@ class ControlPlane:
         self.registry = Registry(redis)
         self.tenant_settings = TenantSettingsCache(self.registry)
         """What submits compile against (checked where the run is created)."""
+        self.secrets = TenantSecrets(redis)
+        """The tenants' secrets: a submit naming one its tenant has not stored is 422."""
         self.run_index = RunIndex(redis)
         self.executions = ExecutionStore(redis)
         self.suspects = SuspectMarks(
@@ -402,6 +407,7 @@ class ControlPlane:
                 # Refused by settings kept from before: refused only if fresh ones agree.
                 self.tenant_settings.forget(tenant_id)
                 continue
+            await self._check_secrets(plan, pipeline, tenant_id)
             now = int(time.time() * 1000)
             run = SharedRun(
                 shared_run_id=SharedRunStore.new_id(),
@@ -455,6 +461,32 @@ class ControlPlane:
             return Submission(run.shared_run_id, await self.runs.require(run.shared_run_id))
         self.background.wake.set()
         return Submission(run.shared_run_id, run)
+
+    async def _check_secrets(self, plan: Plan, pipeline: dict[str, Any], tenant_id: str) -> None:
+        """422 naming each header whose secret the tenant has not stored (one HMGET,
+        only for a pipeline that names secrets); one deleted after this is the step's
+        failure when it runs, naming the secret."""
+        uses = secret_uses(plan.steps)
+        if not uses:
+            return
+        missing = set(
+            await self.secrets.missing(tenant_id, {n for _, _, names in uses for n in names})
+        )
+        if not missing:
+            return
+        raw = pipeline.get("steps")
+        declared = {
+            s.get("id"): i
+            for i, s in enumerate(raw if isinstance(raw, list) else [])
+            if isinstance(s, dict)
+        }
+        problems = []
+        for step_id, header, names in uses:
+            gone = sorted(set(names) & missing)
+            if gone:
+                at = format_loc(("steps", declared.get(step_id, 0), "with", "headers", header))
+                problems.append(Problem(at, str(UnknownSecret(gone, tenant_id))))
+        raise _refusal(PipelineError(problems), pipeline)
 
     async def _replayed(
         self, idempotency: SubmitIdempotency, stored: Any, tenant_id: str

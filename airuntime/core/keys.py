@@ -142,6 +142,11 @@ key                                 type    content / written by
                                             (transaction with the settings).
 ``air:{air}:tenant:<id>:settings``  string  TenantSettings JSON. registry (local YAML /
                                             operator).
+``air:{air}:tenant:<id>:secrets``   hash    secret name -> ``{value, updated_at_ms,
+                                            updated_by}`` JSON. putTenantSecret-1.lua
+                                            (the API's PUT), HDEL (DELETE); runtimes
+                                            read values by HMGET right before an
+                                            ``http`` step sends (tenant_secrets).
 ``air:{air}:tenant-seeds``          string  set with the tenants file's settings (same
                                             transaction); gone = Redis lost them, and the
                                             control plane publishes the file again.
@@ -447,6 +452,11 @@ def tenants() -> str:
 
 def tenant_settings(tenant_id: str) -> str:
     return f"{CONTROL}:tenant:{tenant_id}:settings"
+
+
+def tenant_secrets(tenant_id: str) -> str:
+    """Tenant ``tenant_id``'s secrets (:mod:`airuntime.engine.tenant_secrets`)."""
+    return f"{CONTROL}:tenant:{tenant_id}:secrets"
 
 
 def tenant_seeds() -> str:

@@ -37,6 +37,14 @@ from airuntime.engine.pipeline import PlanStep
 from airuntime.engine.pool_settings import AttemptOutcome
 from airuntime.engine.references import resolve
 from airuntime.engine.retry import retry_delay_s
+from airuntime.engine.secret_refs import (
+    UnknownSecret,
+    header_templates,
+    referenced,
+    scrub,
+    scrub_value,
+    substitute,
+)
 from airuntime.engine.store_results import Claim, FailOutcome
 
 if TYPE_CHECKING:
@@ -86,6 +94,8 @@ class StepRun:
         """Stopped by the pool (claim lost, participation over): not a crash, not reported."""
         self.stopping = part.cancelling
         """The execution is cancelled: stop the handler and record the stop."""
+        self.secrets: tuple[str, ...] = ()
+        """The secret values this attempt sends (scrubbed from its output and error)."""
 
     def start(self) -> None:
         # The loop's own create_task names the task as it makes it (asyncio.create_task
@@ -205,7 +215,14 @@ class StepRun:
         outputs = self.claim.ref_outputs
         if pool.payloads is not None and outputs:  # offloaded outputs are fetched first
             outputs = await pool.payloads.resolve(outputs, self.part.tenant_id)
+        templates = header_templates(step.handler, step.inputs)
+        values = await self._secret_values(templates) if templates else {}
         ctx = self.ctx = self._context(step, outputs)
+        if templates:
+            headers = dict(ctx.inputs["headers"])
+            for header, template in templates.items():
+                headers[header] = substitute(template, values)
+            ctx.inputs = {**ctx.inputs, "headers": headers}
         self.in_handler = True
         try:
             # asyncio.timeout, not wait_for: no second task per attempt; and none at all
@@ -223,10 +240,24 @@ class StepRun:
             raise TimeoutError(f"step {step.id!r} timed out after {step.timeout_s} s") from exc
         finally:
             self.in_handler = False
+        if self.secrets:
+            output = scrub_value(output, self.secrets)
         text = _output_json(step, output, self.part.settings.max_output_bytes)
         if pool.payloads is not None:
             text = await pool.payloads.offload(self.part.tenant_id, self.part.eid, step.id, text)
         return text
+
+    async def _secret_values(self, templates: dict[str, str]) -> dict[str, str]:
+        """The values of the tenant's secrets the step's headers name (read right before
+        the request; kept for scrubbing): a name the tenant has not stored fails the
+        step, naming it, with no retry."""
+        names = referenced(templates)
+        tenant = self.part.tenant_id
+        values = await self.part.pool.secrets.values(tenant, names)
+        if len(values) < len(names):
+            raise NonRetryableError(str(UnknownSecret(names - values.keys(), tenant)))
+        self.secrets = tuple(values.values())
+        return values
 
     async def _report_failure(self, step: PlanStep, exc: BaseException) -> None:
         claim, part = self.claim, self.part
@@ -239,6 +270,8 @@ class StepRun:
         if isinstance(asked, int | float) and asked > 0:
             delay_ms = max(delay_ms, int(min(asked, MAX_RETRY_AFTER_S) * 1000))
         message = f"{type(exc).__name__}: {exc}"
+        if self.secrets:
+            message = scrub(message, self.secrets)
 
         async def fail() -> FailOutcome:
             result = await part.store.fail(

@@ -49,6 +49,7 @@ from airuntime.engine.pool_settings import (
 )
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.store_results import ClaimBatch
+from airuntime.engine.tenant_secrets import TenantSecrets
 
 __all__ = [
     "AttemptOutcome",
@@ -104,6 +105,8 @@ class WorkerPool:
         self.store = store
         self.payloads = payloads
         """Large outputs to a durable payload store (None: every output stays in Redis)."""
+        self.secrets = TenantSecrets(store.redis, store.scripts)
+        """The tenants' secrets, read when an ``http`` step's headers name one."""
         self.registry = registry or default_registry()
         self.settings = settings or PoolSettings()
         self.pool_id = pool_id or default_pool_id()

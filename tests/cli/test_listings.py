@@ -37,7 +37,11 @@ def served(valkey_url: str, tmp_path: Path) -> Iterator[ServedControlPlane]:
 
 
 def airt(
-    served: ServedControlPlane, *args: str, token: str = "alice-a", columns: int = 80
+    served: ServedControlPlane,
+    *args: str,
+    token: str = "alice-a",
+    columns: int = 80,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
@@ -55,6 +59,7 @@ def airt(
         text=True,
         timeout=120,
         check=False,
+        input=stdin if stdin is not None else "",
     )
 
 
@@ -247,3 +252,30 @@ def test_models_lists_the_providers_a_tenant_may_name(
     ]
     as_b = json.loads(ok(airt(served, "models", "-o", "json", token="bob-b")))
     assert [p["name"] for p in as_b] == ["local"]
+
+
+def test_secrets_are_set_from_stdin_listed_by_name_and_deleted(served: ServedControlPlane) -> None:
+    """``airt secrets``: the value comes from standard input (one trailing newline
+    dropped), never from the command line, and no output ever shows it."""
+    value = "cli-secret-value-0123456789"
+    with_tenant = ("--tenant", "tenant-a")
+    said = ok(airt(served, "secrets", "set", "API_TOKEN", *with_tenant, stdin=value + "\n"))
+    assert "secret API_TOKEN of tenant-a set" in said and value not in said
+    listed = json.loads(ok(airt(served, "secrets", "list", *with_tenant, "-o", "json")))
+    assert [(s["name"], s["updated_by"]) for s in listed] == [("API_TOKEN", "alice-a")]
+    table = ok(airt(served, "secrets", "list", *with_tenant))
+    assert "API_TOKEN" in table and value not in table
+
+    async def stored(redis: Any, _history: Any) -> Any:
+        return json.loads(await redis.hget("air:{air}:tenant:tenant-a:secrets", "API_TOKEN"))
+
+    assert served.call(stored)["value"] == value, "exactly what was piped in, newline dropped"
+    short = airt(served, "secrets", "set", "API_TOKEN", *with_tenant, stdin="abc")
+    assert short.returncode == 2 and "value: is 3 characters" in short.stderr + short.stdout
+    other = airt(served, "secrets", "list", "--tenant", "tenant-a", token="bob-b")
+    assert other.returncode == 2 and "404" in other.stderr + other.stdout
+    no_tenant = airt(served, "secrets", "list")
+    assert no_tenant.returncode == 2 and "--tenant" in no_tenant.stderr + no_tenant.stdout
+    assert "deleted" in ok(airt(served, "secrets", "delete", "API_TOKEN", *with_tenant))
+    again = airt(served, "secrets", "delete", "API_TOKEN", *with_tenant)
+    assert again.returncode == 2 and "not found" in again.stderr + again.stdout

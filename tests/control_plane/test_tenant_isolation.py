@@ -62,6 +62,7 @@ pytestmark = pytest.mark.timeout(120)
 
 RUNTIME_TOKEN: Final = "isolation-runtime-token-0123456789"
 SECRET: Final = f"tenant-a-secret-{uuid.uuid4().hex}"
+A_SECRET_NAME: Final = "TENANT_A_API_KEY"
 ALLOWED_MODULE: Final = "tests.control_plane.support"
 A_PIPELINE: Final = {
     "id": "a-private",
@@ -122,7 +123,7 @@ class World:
 
     def forbidden(self) -> set[str]:
         """What no answer to B (or to nobody) may contain."""
-        return {SECRET, *self.a_ids}
+        return {SECRET, A_SECRET_NAME, *self.a_ids}
 
     async def call(
         self, method: str, path: str, headers: dict[str, str], body: Any = None
@@ -174,7 +175,11 @@ async def _submit(world: World, who: dict[str, str], body: dict[str, Any]) -> st
 
 async def _tenant_a_works(world: World) -> None:
     """Two of A's runs complete on A's runtime (their output is the secret); a third
-    stays queued."""
+    stays queued. A stores the secret as a tenant secret too."""
+    stored = await world.call(
+        "PUT", f"/v1/tenants/tenant-a/secrets/{A_SECRET_NAME}", ALICE, {"value": SECRET}
+    )
+    assert stored.status_code == 200, stored.text
     body = {"pipeline": A_PIPELINE, "inputs": {"secret": SECRET}, "metadata": {"note": SECRET}}
     finished = [await _submit(world, ALICE, body) for _ in range(2)]
     done = await drain_until_finished(world.cp, dict.fromkeys(finished, "tenant-a"))
@@ -314,6 +319,47 @@ async def _put_step_slots(world: World) -> None:
     assert own.status_code == 200 and own.json()["tenant_id"] == "tenant-b"
 
 
+A_SECRETS: Final = "/v1/tenants/tenant-a/secrets"
+
+
+async def _secrets(world: World) -> None:
+    """B cannot list A's secrets (404, not even the names), nobody at all (401); B's own
+    list holds nothing of A's."""
+    resp = await world.call("GET", A_SECRETS, BOB)
+    assert resp.status_code == 404, resp.text
+    _assert_clean(world, resp, "GET /v1/tenants/{id}/secrets (B)")
+    assert (await world.call("GET", A_SECRETS, NOBODY)).status_code == 401
+    own = await world.call("GET", "/v1/tenants/tenant-b/secrets", BOB)
+    assert own.status_code == 200 and own.json() == [], own.text
+
+
+async def _a_secret_unchanged(world: World) -> None:
+    listed = (await world.call("GET", A_SECRETS, ALICE)).json()
+    assert [(s["name"], s["updated_by"]) for s in listed] == [(A_SECRET_NAME, "alice")]
+    stored = await world.redis.hget(keys.tenant_secrets("tenant-a"), A_SECRET_NAME)
+    assert stored is not None and json.loads(stored)["value"] == SECRET
+
+
+async def _put_secret(world: World) -> None:
+    """B can neither replace A's secret nor add one to A's tenant; nobody 401."""
+    for name in (A_SECRET_NAME, "PLANTED"):
+        path = f"{A_SECRETS}/{name}"
+        resp = await world.call("PUT", path, BOB, {"value": "from-tenant-b"})
+        assert resp.status_code == 404, resp.text
+        _assert_clean(world, resp, "PUT /v1/tenants/{id}/secrets/{name} (B)", frozenset({name}))
+        assert (await world.call("PUT", path, NOBODY, {"value": "nobody"})).status_code == 401
+    await _a_secret_unchanged(world)
+
+
+async def _delete_secret(world: World) -> None:
+    path = f"{A_SECRETS}/{A_SECRET_NAME}"
+    resp = await world.call("DELETE", path, BOB)
+    assert resp.status_code == 404, resp.text
+    _assert_clean(world, resp, "DELETE /v1/tenants/{id}/secrets/{name} (B)", frozenset({path}))
+    assert (await world.call("DELETE", path, NOBODY)).status_code == 401
+    await _a_secret_unchanged(world)
+
+
 def _run_route(method: str, suffix: str, body: dict[str, Any] | None = None) -> Replay:
     """A replay of a route on one of A's runs: B gets 404 and nothing of A's, nobody 401;
     a steering route changes nothing of A's run."""
@@ -420,6 +466,7 @@ async def _mcp(world: World) -> None:
             _assert_clean(world, resp, f"MCP {tool} (B)", frozenset({srid}))
     for tool, args in (("list_runs", {}), ("queue_status", {}), ("list_instances", {}),
                        ("list_model_providers", {}),
+                       ("list_secrets", {"tenant_id": "tenant-a"}),
                        ("get_tenant_settings", {"tenant_id": "tenant-a"})):  # fmt: skip
         resp = await _mcp_call(world, BOB, tool, **args)
         assert resp.status_code == 200, resp.text
@@ -451,6 +498,9 @@ REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/v1/tenants/{tenant_id}/settings"): _tenant_settings,
     ("PUT", "/v1/tenants/{tenant_id}/settings"): _put_tenant_settings,
     ("PUT", "/v1/tenants/{tenant_id}/step-slots"): _put_step_slots,
+    ("GET", "/v1/tenants/{tenant_id}/secrets"): _secrets,
+    ("PUT", "/v1/tenants/{tenant_id}/secrets/{name}"): _put_secret,
+    ("DELETE", "/v1/tenants/{tenant_id}/secrets/{name}"): _delete_secret,
     **CONSOLE,
 }
 TENANT_FREE: Final[dict[tuple[str, str], str]] = {

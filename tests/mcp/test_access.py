@@ -36,6 +36,7 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "queue_status": {},
     "list_instances": {},
     "list_model_providers": {},
+    "list_secrets": {},
     "get_tenant_settings": {},
     "set_tenant_settings": {"settings": {"tenant_id": "tenant-a"}},
     "set_step_slots": {"limit": 1},

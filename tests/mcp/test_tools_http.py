@@ -247,3 +247,19 @@ async def test_list_model_providers_shows_what_the_tenant_may_call(
         no_model = [h for h in current["allowed_handlers"] if h != "model"]
         await ok(admin, "set_tenant_settings", settings={**current, "allowed_handlers": no_model})
         assert (await ok(admin, "list_model_providers"))["providers"] == []
+
+
+async def test_list_secrets_shows_names_never_values(
+    valkey: Any, history: Any, manual: ControlPlaneSettings
+) -> None:
+    """An agent writing a pipeline asks which secrets its http steps may name: names,
+    who set each and when; never a value (setting one is not a tool)."""
+    value = "mcp-listed-secret-value-0123456789"
+    async with stack(valkey, history, manual) as s, mcp_session(s.url, "viewer-a") as viewer:
+        assert await ok(viewer, "list_secrets") == {"tenant_id": "tenant-a", "secrets": []}
+        await s.cp.secrets.put("tenant-a", "API_TOKEN", value, "alice")
+        table = await ok(viewer, "list_secrets")
+        assert [(x["name"], x["updated_by"]) for x in table["secrets"]] == [("API_TOKEN", "alice")]
+        assert value not in json.dumps(table)
+        tools = {t.name for t in (await viewer.list_tools()).tools}
+        assert not {t for t in tools if "secret" in t} - {"list_secrets"}, "no tool sets one"

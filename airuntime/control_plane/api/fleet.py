@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Response
 
 from airuntime.control_plane.api import operations
 from airuntime.control_plane.api.deps import (
@@ -19,10 +19,17 @@ from airuntime.control_plane.api.deps import (
     Reader,
     error,
 )
-from airuntime.control_plane.api.models import InstanceView, ModelProviderView, StepSlotsRequest
+from airuntime.control_plane.api.models import (
+    InstanceView,
+    ModelProviderView,
+    SecretRequest,
+    SecretView,
+    StepSlotsRequest,
+)
 from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.rbac import TENANT_ID_PATTERN
+from airuntime.engine.secret_refs import SECRET_NAME_PATTERN
 from airuntime.fleet.tenancy import TenantSettings
 
 router = APIRouter(
@@ -30,6 +37,13 @@ router = APIRouter(
 )
 
 TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN, description="A tenant id (DNS label).")]
+SecretName = Annotated[
+    str,
+    Path(
+        pattern=f"^{SECRET_NAME_PATTERN}$",
+        description="A secret's name: a letter or _, then letters, digits or _ (at most 64).",
+    ),
+]
 
 
 @router.get("/instances", response_model=list[InstanceView])
@@ -90,3 +104,48 @@ async def set_step_slots(
     """Change how many step handlers the tenant's runtimes run at once (its own tenant,
     or any as admin); the runtimes apply it live."""
     return await operations.set_step_slots(context, who, tenant_id, body.limit)
+
+
+@router.get(
+    "/tenants/{tenant_id}/secrets",
+    response_model=list[SecretView],
+    responses={404: error("Not the caller's tenant.")},
+)
+async def secrets(tenant_id: TenantId, who: Reader, context: Context) -> list[SecretView]:
+    """The tenant's secrets, by name and when each was set: never a value (no route
+    answers one; only a runtime reads it, right before an http step sends it)."""
+    return await operations.secrets(context, who, tenant_id)
+
+
+@router.put(
+    "/tenants/{tenant_id}/secrets/{name}",
+    response_model=SecretView,
+    responses={
+        **WITH_BODY,
+        403: error("The caller lacks the cancel capability (operators have it)."),
+        404: error("Not the caller's tenant."),
+        409: error("A new name for a tenant that keeps 100 secrets already."),
+    },
+)
+async def put_secret(
+    tenant_id: TenantId, name: SecretName, body: SecretRequest, who: Canceller, context: Context
+) -> SecretView:
+    """Set one secret of the tenant (created or replaced): ``${secrets.<name>}`` in an
+    http step's header values sends it; outputs and errors show ``***`` in its place."""
+    return await operations.put_secret(context, who, tenant_id, name, body.value)
+
+
+@router.delete(
+    "/tenants/{tenant_id}/secrets/{name}",
+    status_code=204,
+    responses={
+        403: error("The caller lacks the cancel capability (operators have it)."),
+        404: error("Not the caller's tenant, or no secret of that name."),
+    },
+)
+async def delete_secret(
+    tenant_id: TenantId, name: SecretName, who: Canceller, context: Context
+) -> Response:
+    """Forget one secret of the tenant; steps naming it fail from then on, naming it."""
+    await operations.delete_secret(context, who, tenant_id, name)
+    return Response(status_code=204)

@@ -145,6 +145,22 @@ class StepSlotsRequest(_Body):
     )
 
 
+class SecretRequest(_Body):
+    value: str = Field(
+        description="The secret's value: 4 to 4096 characters, no control characters (it "
+        "is sent in an HTTP header). Never answered back by any read.",
+        json_schema_extra={"writeOnly": True},
+    )
+
+
+class SecretView(_Body):
+    """A stored secret as anyone may see it: never its value."""
+
+    name: str = Field(description="What an http step's header names: ${secrets.<name>}.")
+    updated_at_ms: int = Field(description="When the value was last set (Unix ms).")
+    updated_by: str = Field(description="Who set it (the token's user).")
+
+
 class DrainResponse(_Body):
     dispatched: int
     failed: int

@@ -30,6 +30,7 @@ from airuntime.control_plane.api.models import (
     ModelProviderView,
     PipelineYamlError,
     QueueResponse,
+    SecretView,
     SubmitRequest,
     SubmitResponse,
 )
@@ -65,6 +66,7 @@ from airuntime.engine.handlers.model_call import MODEL_HANDLER
 from airuntime.engine.handlers.settings import handler_settings
 from airuntime.engine.pipeline.spec import INPUT_HANDLER
 from airuntime.engine.status import StepStatus
+from airuntime.engine.tenant_secrets import SecretInfo, TooManySecrets, value_problem
 from airuntime.fleet.tenancy import TenantSettings
 
 
@@ -460,3 +462,44 @@ async def set_step_slots(
     except ValidationError as exc:
         raise InvalidField("limit", str(exc)) from None
     return await put_tenant_settings(context, who, updated)
+
+
+# -- secrets ------------------------------------------------------------------------------
+
+
+def _secret_view(info: SecretInfo) -> SecretView:
+    return SecretView(name=info.name, updated_at_ms=info.updated_at_ms, updated_by=info.updated_by)
+
+
+async def secrets(context: ApiContext, who: Principal, tenant_id: str) -> list[SecretView]:
+    """The tenant's secrets by name (its own tenant, or any as admin): never values."""
+    _own_tenant(who, tenant_id)
+    return [_secret_view(i) for i in await context.control_plane.secrets.listing(tenant_id)]
+
+
+async def put_secret(
+    context: ApiContext, who: Principal, tenant_id: str, name: str, value: str
+) -> SecretView:
+    """Store one secret of the tenant (its own, or any as admin; front doors require the
+    cancel capability: operators and admins). The value is checked, never quoted."""
+    _own_tenant(who, tenant_id)
+    problem = value_problem(value)
+    if problem is not None:
+        raise InvalidField("value", problem)
+    store = context.control_plane.secrets
+    try:
+        await store.put(tenant_id, name, value, who.user)
+    except TooManySecrets as exc:
+        raise Conflict(str(exc)) from None
+    for info in await store.listing(tenant_id):
+        if info.name == name:
+            return _secret_view(info)
+    raise Conflict(f"secret {name!r} was deleted while it was being set")
+
+
+async def delete_secret(context: ApiContext, who: Principal, tenant_id: str, name: str) -> None:
+    """Forget one secret of the tenant (404 when there is none of that name): runs that
+    name it fail their step, naming it, from then on."""
+    _own_tenant(who, tenant_id)
+    if not await context.control_plane.secrets.delete(tenant_id, name):
+        raise RunNotFound(f"secret {name!r} of tenant {tenant_id!r} not found")

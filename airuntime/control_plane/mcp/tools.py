@@ -41,7 +41,12 @@ from airuntime.control_plane.api.run_models import (
 )
 from airuntime.control_plane.mcp.access import McpAccess, role_for
 from airuntime.control_plane.mcp.refusals import guarded
-from airuntime.control_plane.mcp.views import InstanceRow, InstanceTable, ModelProviderTable
+from airuntime.control_plane.mcp.views import (
+    InstanceRow,
+    InstanceTable,
+    ModelProviderTable,
+    SecretTable,
+)
 from airuntime.control_plane.rbac import TENANT_ID_PATTERN, Capability, Principal
 from airuntime.control_plane.run_ledger import MAX_LIMIT
 from airuntime.control_plane.run_listing import RunFilter
@@ -80,6 +85,7 @@ TOOL_CAPABILITIES: Final[dict[str, Capability]] = {
     "queue_status": Capability.READ,
     "list_instances": Capability.READ,
     "list_model_providers": Capability.READ,
+    "list_secrets": Capability.READ,
     "get_tenant_settings": Capability.READ,
     "set_tenant_settings": Capability.ADMIN,
     "set_step_slots": Capability.CANCEL,
@@ -310,6 +316,21 @@ class AirTools:
             return ModelProviderTable(tenant_id=who.tenant_id, providers=providers)
 
         return await self._call(ctx, "list_model_providers", act)
+
+    async def list_secrets(
+        self, ctx: Ctx, tenant_id: Annotated[str | None, Field(pattern=TENANT_ID_PATTERN)] = None
+    ) -> SecretTable:
+        """The names of a tenant's secrets (default: the caller's tenant), when and by
+        whom each was set: what an http step's header may name as ${secrets.<name>}.
+        Never a value; setting one is not a tool (a value would pass through the agent's
+        context): use the API or `airt secrets set`."""
+
+        async def act(who: Principal) -> SecretTable:
+            tenant = tenant_id or who.tenant_id
+            views = await operations.secrets(self.context, who, tenant)
+            return SecretTable(tenant_id=tenant, secrets=views)
+
+        return await self._call(ctx, "list_secrets", act)
 
     async def get_tenant_settings(
         self, ctx: Ctx, tenant_id: Annotated[str | None, Field(pattern=TENANT_ID_PATTERN)] = None

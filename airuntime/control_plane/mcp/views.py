@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from airuntime.control_plane.api.models import InstanceView, ModelProviderView
+from airuntime.control_plane.api.models import InstanceView, ModelProviderView, SecretView
 from airuntime.fleet.registry import InstanceStatus
 from airuntime.fleet.tenancy import IsolationMode, TenantSettings
 
@@ -100,6 +100,15 @@ class ModelProviderTable(BaseModel):
 
     tenant_id: str = Field(description="The tenant whose view this is (the caller's).")
     providers: list[ModelProviderView]
+
+
+class SecretTable(BaseModel):
+    """A tenant's secrets by name: never their values."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant_id: str = Field(description="The tenant whose secrets these are.")
+    secrets: list[SecretView]
 
 
 class TenantSettingsResult(BaseModel):

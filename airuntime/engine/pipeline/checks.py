@@ -24,6 +24,7 @@ from airuntime.engine.pipeline.problems import PipelineError, Problem, fmt_value
 from airuntime.engine.pipeline.spec import INPUT_HANDLER, PipelineLimits, StepSpec
 from airuntime.engine.pipeline.values import BadValue, normalize_json
 from airuntime.engine.references import ReferenceSyntaxError, iter_strings, parse_references
+from airuntime.engine.secret_refs import secret_problem
 
 
 @dataclass
@@ -260,6 +261,17 @@ def check_http_url(i: int, step: StepSpec, value: Any, problems: list[Problem]) 
     if refusal is not None:
         where = f"steps[{i}].with.url"
         problems.append(Problem(where, f"step {step.id!r}: url {url!r}: {refusal}"))
+
+
+def check_secret_refs(i: int, step: StepSpec, value: Any, problems: list[Problem]) -> None:
+    """``${secrets.NAME}`` only in an ``http`` step's header values, well formed, and in
+    a header naming nothing else (:mod:`~airuntime.engine.secret_refs`); whether the
+    tenant has stored the names is checked where the tenant is known (the submit)."""
+    for sub, text in iter_strings(value):
+        problem = secret_problem(step.uses, sub, text)
+        if problem is not None:
+            at = format_loc(("steps", i, "with", *sub))
+            problems.append(Problem(at, f"step {step.id!r}: {problem}"))
 
 
 def check_model_call(

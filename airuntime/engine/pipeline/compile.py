@@ -30,6 +30,7 @@ from airuntime.engine.pipeline.checks import (
     check_python_callable,
     check_references,
     check_run_inputs,
+    check_secret_refs,
     check_step_count,
     check_step_inputs,
 )
@@ -148,6 +149,8 @@ def _check_steps(
             check_python_callable(i, s, value, rules.python_modules, problems)
             check_http_url(i, s, value, problems)
             check_model_call(i, s, value, problems, rules.model_providers)
+        if checked:
+            check_secret_refs(i, s, value, problems)
         referenced = check_references(i, s, value, first, problems) if checked else set()
         check_input_step(i, s, problems)
         graph.refs[i] = sorted(referenced)

@@ -1,0 +1,155 @@
+"""A tenant's secrets: values its ``http`` steps send in headers, stored write-only.
+
+Why this exists: see :mod:`airuntime.engine.secret_refs` (a credential written in a
+pipeline is in the plan, the run's record and its history). Values are written through
+the control plane (``PUT /v1/tenants/{tenant}/secrets/{name}``, ``airt secrets set``) and
+read back by nobody but a runtime, right before it sends a request of a step of that
+tenant's run: the API, the MCP server and the CLI list names and when each was set,
+never a value.
+
+Storage: one Redis hash a tenant (:func:`airuntime.core.keys.tenant_secrets`), name ->
+``{"value", "updated_at_ms", "updated_by"}`` JSON; the tenant id is the only partition
+key, so a run reads the secrets of its own tenant and no other. Values are held as
+Redis holds every run's inputs and outputs (see the README's trust model: the runtimes
+and the control plane hold the Redis credentials; encryption at rest is the server's).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Final
+
+from airuntime.core import keys
+from airuntime.core.redis_client import RedisClient
+from airuntime.core.scripts import ScriptLibrary, library
+from airuntime.engine.secret_refs import SECRET_NAME_PATTERN
+
+__all__ = [
+    "MAX_SECRETS_PER_TENANT",
+    "MAX_SECRET_VALUE_CHARS",
+    "MIN_SECRET_VALUE_CHARS",
+    "SecretInfo",
+    "TenantSecrets",
+    "TooManySecrets",
+    "value_problem",
+]
+
+MAX_SECRETS_PER_TENANT: Final = 100
+MAX_SECRET_VALUE_CHARS: Final = 4096
+MIN_SECRET_VALUE_CHARS: Final = 4
+"""Shorter values would mask ordinary text wherever a step's output is scrubbed."""
+NAME_RE: Final = re.compile(SECRET_NAME_PATTERN)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class TooManySecrets(Exception):
+    """A new name for a tenant that keeps :data:`MAX_SECRETS_PER_TENANT` already."""
+
+
+def value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a secret (it goes into an HTTP header), or None. The value
+    itself is never quoted."""
+    if len(value) < MIN_SECRET_VALUE_CHARS:
+        return (
+            f"is {len(value)} characters, under the minimum of {MIN_SECRET_VALUE_CHARS} "
+            "(outputs are scrubbed of secret values; a shorter one would mask ordinary text)"
+        )
+    if len(value) > MAX_SECRET_VALUE_CHARS:
+        return f"is {len(value)} characters, over the limit of {MAX_SECRET_VALUE_CHARS}"
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        return (
+            f"contains a control character (code {ord(bad.group())} at position "
+            f"{bad.start()}): it is sent in an HTTP header"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SecretInfo:
+    """What anyone may know of a stored secret: its name, when and by whom it was set."""
+
+    name: str
+    updated_at_ms: int
+    updated_by: str
+
+
+class TenantSecrets:
+    """The secrets of every tenant on one Redis (each call names the tenant)."""
+
+    def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
+        self.redis = redis
+        self.scripts = scripts or library()
+
+    async def put(self, tenant_id: str, name: str, value: str, updated_by: str) -> bool:
+        """Store ``value`` (checked by the caller: :func:`value_problem`); True when the
+        name is new. Raises :class:`TooManySecrets` for a new name over the cap."""
+        record = json.dumps(
+            {"value": value, "updated_at_ms": int(time.time() * 1000), "updated_by": updated_by}
+        )
+        reply = await self.scripts.call(
+            self.redis,
+            "putTenantSecret",
+            [keys.tenant_secrets(tenant_id)],
+            [name, record, MAX_SECRETS_PER_TENANT],
+        )
+        if int(reply) == 0:
+            raise TooManySecrets(
+                f"tenant {tenant_id!r} keeps {MAX_SECRETS_PER_TENANT} secrets already, the "
+                "most it may: delete one first"
+            )
+        return int(reply) == 1
+
+    async def delete(self, tenant_id: str, name: str) -> bool:
+        """Forget one secret; False when there was none of that name."""
+        return bool(await self.redis.hdel(keys.tenant_secrets(tenant_id), name))
+
+    async def listing(self, tenant_id: str) -> list[SecretInfo]:
+        """The tenant's secrets by name, without their values."""
+        raw: dict[Any, Any] = await self.redis.hgetall(keys.tenant_secrets(tenant_id))
+        out = []
+        for k, v in raw.items():
+            record = _record(v)
+            out.append(
+                SecretInfo(
+                    name=k.decode() if isinstance(k, bytes) else str(k),
+                    updated_at_ms=int(record.get("updated_at_ms") or 0),
+                    updated_by=str(record.get("updated_by") or ""),
+                )
+            )
+        return sorted(out, key=lambda s: s.name)
+
+    async def missing(self, tenant_id: str, names: Collection[str]) -> list[str]:
+        """Which of ``names`` the tenant has not stored, sorted."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return []
+        found = await self.redis.hmget(keys.tenant_secrets(tenant_id), wanted)
+        return [n for n, v in zip(wanted, found, strict=True) if v is None]
+
+    async def values(self, tenant_id: str, names: Collection[str]) -> dict[str, str]:
+        """The values of ``names`` of the tenant's secrets; a name it has not stored is
+        left out (the caller names what is missing)."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        found = await self.redis.hmget(keys.tenant_secrets(tenant_id), wanted)
+        out: dict[str, str] = {}
+        for name, raw in zip(wanted, found, strict=True):
+            if raw is not None:
+                value = _record(raw).get("value")
+                if isinstance(value, str) and value:
+                    out[name] = value
+        return out
+
+
+def _record(raw: Any) -> dict[str, Any]:
+    try:
+        parsed = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
