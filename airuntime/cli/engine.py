@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import sys
 from typing import Annotated, Any
 
@@ -45,8 +47,10 @@ from airuntime.core.errors import AirError
 from airuntime.core.settings import REDIS_URL_ENV
 from airuntime.devstack.process_redis import redis_for_process
 from airuntime.engine.execution_store import ExecutionStore
+from airuntime.engine.secret_refs import SECRET_NAME_PATTERN
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.store_results import ExecutionInfo
+from airuntime.engine.tenant_secrets import value_problem
 
 
 def run(
@@ -78,10 +82,20 @@ def run(
             "--redis-url", envvar=REDIS_URL_ENV, help="Redis/Valkey URL (default: embedded)."
         ),
     ] = None,
+    secrets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret",
+            "-s",
+            help="A secret the pipeline's http headers name as ${secrets.NAME}: its value "
+            "is the environment variable NAME (kept in memory, never stored).",
+        ),
+    ] = None,
 ) -> None:
     """Run PIPELINE end to end and print its steps; exit 0 on success, 1 on failure/cancel."""
     if workers < 1:
         raise invalid(f"--workers: must be >= 1, got {workers}")
+    given = secrets_from_environment(secrets or [])
     run_inputs = parse_kv(inputs or [], "--input")
     step_answers = parse_kv(answers or [], "--answer")
     handler_policy_or_exit()
@@ -92,12 +106,36 @@ def run(
             f"--answer: {unknown[0]!r} is not an input step of pipeline {plan.pipeline_id!r}"
         )
     with redis_for_process(redis_url) as url:
-        status, snapshot = asyncio.run(_run(url, plan, workers, run_inputs, step_answers, as_json))
+        status, snapshot = asyncio.run(
+            _run(url, plan, workers, run_inputs, step_answers, as_json, given)
+        )
     if as_json:
         out.print_json(json.dumps(snapshot))
     else:
         print_snapshot(snapshot)
     raise typer.Exit(EXIT_OK if status == ExecutionStatus.SUCCEEDED else EXIT_FAILED)
+
+
+def secrets_from_environment(names: list[str]) -> dict[str, str] | None:
+    """``--secret NAME``: the value of the environment variable NAME for each (None when
+    no secret was given: the tenant's stored ones are read instead)."""
+    if not names:
+        return None
+    given: dict[str, str] = {}
+    for name in names:
+        if not re.fullmatch(SECRET_NAME_PATTERN, name):
+            raise invalid(
+                f"--secret: {name!r} is not a secret name (a letter or _, then letters, "
+                "digits or _, at most 64; its value is read from the variable of that name)"
+            )
+        value = os.environ.get(name)
+        if value is None:
+            raise invalid(f"--secret: {name} is not set in the environment")
+        problem = value_problem(value)
+        if problem is not None:
+            raise invalid(f"--secret: the value of {name} {problem}")
+        given[name] = value
+    return given
 
 
 async def _run(
@@ -107,6 +145,7 @@ async def _run(
     run_inputs: dict[str, Any],
     answers: dict[str, Any],
     quiet: bool,
+    secrets: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     from airuntime.core.redis_client import connect
     from airuntime.engine.local_run import NoInputAvailable, run_plan
@@ -153,6 +192,7 @@ async def _run(
                 inputs=run_inputs,
                 on_progress=on_progress,
                 on_input=on_input,
+                secrets=secrets,
             )
     finally:
         await redis.aclose()

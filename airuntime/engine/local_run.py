@@ -21,6 +21,7 @@ from airuntime.engine.handlers import HandlerRegistry
 from airuntime.engine.pipeline import Plan
 from airuntime.engine.status import ExecutionStatus, StepStatus
 from airuntime.engine.store_results import ExecutionInfo
+from airuntime.engine.tenant_secrets import GivenSecrets
 from airuntime.engine.worker_pool import PoolSettings, WorkerPool
 
 ProgressCallback = Callable[[ExecutionInfo], None]
@@ -52,10 +53,14 @@ async def run_plan(
     on_progress: ProgressCallback | None = None,
     on_input: InputCallback | None = None,
     progress_interval_s: float = 0.1,
+    secrets: Mapping[str, str] | None = None,
 ) -> LocalRunResult:
-    """Create an execution of ``plan`` and run it here until it is finalized."""
+    """Create an execution of ``plan`` and run it here until it is finalized
+    (``secrets``: the values its ``http`` steps' headers name, instead of its tenant's
+    stored ones)."""
     eid = await store.create(plan, context=context, inputs=inputs)
-    pool = WorkerPool(store, registry, settings or PoolSettings(workers=workers))
+    given = GivenSecrets(secrets) if secrets is not None else None
+    pool = WorkerPool(store, registry, settings or PoolSettings(workers=workers), secrets=given)
     run = asyncio.create_task(pool.run(eid, workers=workers))
     answered: set[str] = set()
     try:

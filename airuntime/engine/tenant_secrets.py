@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
@@ -32,7 +32,9 @@ __all__ = [
     "MAX_SECRETS_PER_TENANT",
     "MAX_SECRET_VALUE_CHARS",
     "MIN_SECRET_VALUE_CHARS",
+    "GivenSecrets",
     "SecretInfo",
+    "SecretSource",
     "TenantSecrets",
     "TooManySecrets",
     "value_problem",
@@ -145,6 +147,23 @@ class TenantSecrets:
                 if isinstance(value, str) and value:
                     out[name] = value
         return out
+
+
+class SecretSource(Protocol):
+    """Where a worker pool reads the values an ``http`` step's headers name."""
+
+    async def values(self, tenant_id: str, names: Collection[str]) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GivenSecrets:
+    """Values handed to one process (``airt run --secret NAME``), for whatever tenant it
+    runs as; kept in memory, never written to Redis."""
+
+    given: Mapping[str, str]
+
+    async def values(self, tenant_id: str, names: Collection[str]) -> dict[str, str]:
+        return {n: self.given[n] for n in names if n in self.given}
 
 
 def _record(raw: Any) -> dict[str, Any]:

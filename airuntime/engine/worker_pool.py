@@ -49,7 +49,7 @@ from airuntime.engine.pool_settings import (
 )
 from airuntime.engine.status import ExecutionStatus
 from airuntime.engine.store_results import ClaimBatch
-from airuntime.engine.tenant_secrets import TenantSecrets
+from airuntime.engine.tenant_secrets import SecretSource, TenantSecrets
 
 __all__ = [
     "AttemptOutcome",
@@ -101,11 +101,12 @@ class WorkerPool:
         slots: StepSlots | None = None,
         observer: StepObserver | None = None,
         payloads: PayloadOffload | None = None,
+        secrets: SecretSource | None = None,
     ) -> None:
         self.store = store
         self.payloads = payloads
         """Large outputs to a durable payload store (None: every output stays in Redis)."""
-        self.secrets = TenantSecrets(store.redis, store.scripts)
+        self.secrets: SecretSource = secrets or TenantSecrets(store.redis, store.scripts)
         """The tenants' secrets, read when an ``http`` step's headers name one."""
         self.registry = registry or default_registry()
         self.settings = settings or PoolSettings()
