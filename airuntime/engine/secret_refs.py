@@ -135,12 +135,21 @@ def substitute(template: str, values: Mapping[str, str]) -> str:
     return _TOKEN.sub(lambda m: values[m.group(1)], template)
 
 
+MIN_CUT_PREFIX: Final = 4
+"""A text ending in this many or more leading characters of a value ends in a cut copy."""
+
+
 def scrub(text: str, values: Iterable[str]) -> str:
-    """``text`` with every occurrence of each value replaced by ``***``; longer values
-    first, so a value that contains another is scrubbed whole."""
-    for value in sorted(set(values), key=len, reverse=True):
-        if value:
-            text = text.replace(value, SCRUBBED)
+    """``text`` with every occurrence of each value replaced by ``***``, longer values
+    first (a value that contains another is scrubbed whole), and a copy cut short at the
+    end of the text (an error quoting the first 200 characters of a reply) as well."""
+    ordered = sorted({v for v in values if v}, key=len, reverse=True)
+    for value in ordered:
+        text = text.replace(value, SCRUBBED)
+    for value in ordered:
+        for n in range(len(value) - 1, MIN_CUT_PREFIX - 1, -1):
+            if text.endswith(value[:n]):
+                return text[:-n] + SCRUBBED
     return text
 
 

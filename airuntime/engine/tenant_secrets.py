@@ -45,7 +45,7 @@ MAX_SECRET_VALUE_CHARS: Final = 4096
 MIN_SECRET_VALUE_CHARS: Final = 4
 """Shorter values would mask ordinary text wherever a step's output is scrubbed."""
 NAME_RE: Final = re.compile(SECRET_NAME_PATTERN)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 
 class TooManySecrets(Exception):
@@ -62,11 +62,11 @@ def value_problem(value: str) -> str | None:
         )
     if len(value) > MAX_SECRET_VALUE_CHARS:
         return f"is {len(value)} characters, over the limit of {MAX_SECRET_VALUE_CHARS}"
-    bad = _CONTROL.search(value)
+    bad = _NOT_PRINTABLE_ASCII.search(value)
     if bad is not None:
         return (
-            f"contains a control character (code {ord(bad.group())} at position "
-            f"{bad.start()}): it is sent in an HTTP header"
+            f"contains a character that is not printable ASCII (code {ord(bad.group())} at "
+            f"position {bad.start()}): it is sent in an HTTP header"
         )
     return None
 

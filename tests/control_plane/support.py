@@ -12,12 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
+import httpx
 from redis.asyncio import Redis
 
+from airuntime.control_plane.api import create_app
+from airuntime.control_plane.metrics import ControlPlaneMetrics
+from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.core.context import ExecutionContextSnapshot, current_context
@@ -290,3 +294,33 @@ TENANT_B = TenantSettings(
     max_concurrent_runs=3,
     queue_capacity=250,
 )
+
+
+@asynccontextmanager
+async def api_over(
+    redis: Redis, tokens: Mapping[str, tuple[str, Sequence[str]]]
+) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
+    """The control plane's app (httpx over ASGI) with one runtime host of 4 workers and
+    no background pump (the test drains); ``tokens``: name -> (tenant, roles), each the
+    bearer token ``token-<name>`` of user ``<name>``."""
+    host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
+    await host.start()
+    cp = manual_cp(redis, scale_out_enabled=False)
+    for inst in host.instances:
+        cp.local.add(inst)
+    await cp.start()
+    await cp.wait_started()
+    auth = Authenticator(
+        [
+            TokenEntry(token=f"token-{name}", user=name, tenant=tenant, roles=list(roles))
+            for name, (tenant, roles) in tokens.items()
+        ]
+    )
+    app = create_app(cp, auth, ControlPlaneMetrics(cp))
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp")
+    try:
+        yield client, cp
+    finally:
+        await client.aclose()
+        await cp.stop()
+        await host.stop()

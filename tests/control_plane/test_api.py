@@ -15,16 +15,11 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.control_plane.api import create_app
-from airuntime.control_plane.metrics import ControlPlaneMetrics
-from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane, PipelineRefused
 from airuntime.core import keys
 from airuntime.core.context import ExecutionContextSnapshot
-from runtime_pod.config import InstanceConfig
-from runtime_pod.host import RuntimeHost
 from tests.control_plane.support import (
-    manual_cp,
+    api_over,
     refusing_tenant_a_runtime,
 )
 
@@ -39,27 +34,8 @@ TOKENS = {
 
 @pytest_asyncio.fixture
 async def api(redis: Redis) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane]]:
-    host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
-    await host.start()
-    cp = manual_cp(redis, scale_out_enabled=False)
-    for inst in host.instances:
-        cp.local.add(inst)
-    await cp.start()
-    await cp.wait_started()
-    auth = Authenticator(
-        [
-            TokenEntry(token=f"token-{name}", user=name, tenant=tenant, roles=roles)
-            for name, (tenant, roles) in TOKENS.items()
-        ]
-    )
-    app = create_app(cp, auth, ControlPlaneMetrics(cp))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp")
-    try:
-        yield client, cp
-    finally:
-        await client.aclose()
-        await cp.stop()
-        await host.stop()
+    async with api_over(redis, TOKENS) as both:
+        yield both
 
 
 def auth(name: str) -> dict[str, str]:

@@ -10,11 +10,9 @@ as a service that echoes a credential in a reply or an error would.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
 import httpx
@@ -22,17 +20,13 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from airuntime.control_plane.api import create_app
-from airuntime.control_plane.metrics import ControlPlaneMetrics
-from airuntime.control_plane.rbac import Authenticator, TokenEntry
 from airuntime.control_plane.service import ControlPlane
 from airuntime.core import keys
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.pipeline.problems import format_loc
 from airuntime.engine.tenant_secrets import MAX_SECRETS_PER_TENANT
-from airuntime.fleet.instance_settings import InstanceConfig
-from runtime_pod.host import RuntimeHost
-from tests.control_plane.support import drain_until_finished, manual_cp
+from tests.control_plane.support import api_over, drain_until_finished
+from tests.echo_service import Echo, echo_service
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,52 +45,11 @@ def auth(name: str) -> dict[str, str]:
     return {"authorization": f"Bearer token-{name}"}
 
 
-@dataclass
-class Echo:
-    """A loopback HTTP service: ``/headers`` answers JSON holding the ``Authorization``
-    it got, ``/fail`` a 500 whose text quotes it, ``/refuse`` a 400 whose text does."""
-
-    port: int = 0
-    seen: list[str] = field(default_factory=list)
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
 @pytest.fixture
 def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Echo]:
-    state = Echo()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            got = self.headers.get("authorization", "")
-            state.seen.append(got)
-            if self.path == "/headers":
-                status, body, kind = 200, json.dumps({"authorization": got}), "application/json"
-            elif self.path == "/fail":
-                status, body, kind = 500, f"upstream refused {got}", "text/plain"
-            else:
-                status, body, kind = 400, f"bad credential: {got}", "text/plain"
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("content-type", kind)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.port = httpd.server_address[1]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     monkeypatch.setenv("AIRUNTIME_HTTP_HANDLER_ALLOW", "127.0.0.1/32")
-    try:
-        yield state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with echo_service() as service:
+        yield service
 
 
 @dataclass
@@ -123,29 +76,10 @@ class World:
 
 @pytest_asyncio.fixture
 async def world(redis: Redis) -> AsyncIterator[World]:
-    host = RuntimeHost(redis, InstanceConfig(workers=4, heartbeat_s=0.5, assist=False), instances=1)
-    await host.start()
-    cp = manual_cp(redis, scale_out_enabled=False)
-    for inst in host.instances:
-        cp.local.add(inst)
-    await cp.start()
-    await cp.wait_started()
-    authenticator = Authenticator(
-        [
-            TokenEntry(token=f"token-{name}", user=name, tenant=tenant, roles=roles)
-            for name, (tenant, roles) in TOKENS.items()
-        ]
-    )
-    app = create_app(cp, authenticator, ControlPlaneMetrics(cp))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp")
-    world = World(client, cp, redis)
-    try:
+    async with api_over(redis, TOKENS) as (client, cp):
+        world = World(client, cp, redis)
         yield world
         world.assert_no_value_answered()
-    finally:
-        await client.aclose()
-        await cp.stop()
-        await host.stop()
 
 
 def http_pipeline(path: str, header: str = "Bearer ${secrets.API_TOKEN}", **step: Any) -> Any:
@@ -243,7 +177,10 @@ async def test_another_tenant_and_nobody_get_nothing(world: World) -> None:
         ),
         pytest.param("/T", {"value": "x" * 4097}, "value", "4097 characters, over", id="long"),
         pytest.param(
-            "/T", {"value": "line\r\nX-Evil: 1"}, "value", "control character (code 13", id="crlf"
+            "/T", {"value": "line\r\nX-Evil: 1"}, "value", "not printable ASCII (code 13", id="crlf"
+        ),
+        pytest.param(
+            "/T", {"value": "pässword"}, "value", "not printable ASCII (code 228", id="latin-1"
         ),
         pytest.param("/T", {"value": 12345}, "value", "string", id="not-a-string"),
         pytest.param("/T", {"value": A_VALUE, "note": 1}, "note", "Extra inputs", id="extra-field"),
@@ -339,6 +276,7 @@ async def test_an_http_step_sends_the_secret_and_its_output_shows_stars(
     [
         pytest.param("/fail", "HTTP 500: upstream refused Bearer ***", id="retried-then-failed"),
         pytest.param("/refuse", "bad credential: Bearer ***", id="answered-400"),
+        pytest.param("/fail-long", "HTTP 500: " + "." * 180 + " Bearer ***", id="quoted-cut"),
     ],
 )
 async def test_an_echoed_secret_is_scrubbed_from_errors_and_replies(

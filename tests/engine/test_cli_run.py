@@ -14,6 +14,7 @@ import redis as sync_redis
 from airuntime.core import keys
 from airuntime.devstack.cluster import LocalCluster
 from tests.conftest import RedisServerInfo
+from tests.echo_service import echo_service
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "airuntime" / "examples"
 
@@ -167,26 +168,6 @@ def test_airt_run_takes_secrets_from_the_environment_and_stores_none(
 ) -> None:
     """``--secret NAME`` hands the variable NAME's value to the run's http headers; the
     output shows ``***`` where a service echoed it, and Redis holds it nowhere."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    seen: list[str] = []
-
-    class Echo(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.headers.get("authorization", ""))
-            body = json.dumps({"got": seen[-1]}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     value = "run-secret-value-0123456789"
     pipeline = tmp_path / "secret.yaml"
     pipeline.write_text(
@@ -195,26 +176,25 @@ def test_airt_run_takes_secrets_from_the_environment_and_stores_none(
         "  - id: call\n"
         "    uses: http\n"
         "    with:\n"
-        f"      url: http://127.0.0.1:{httpd.server_address[1]}/\n"
+        "      url: ${inputs.base}/headers\n"
         '      headers: {Authorization: "Bearer ${secrets.API_TOKEN}"}\n'
     )
     env = {"AIRUNTIME_HTTP_HANDLER_ALLOW": "127.0.0.1/32", "API_TOKEN": value}
-    try:
+    with echo_service() as echo:
+        base = f"base={echo.base}"
         result = airt(
-            "run", str(pipeline), "--secret", "API_TOKEN", "--json",
+            "run", str(pipeline), "--secret", "API_TOKEN", "--json", "-i", base,
             redis_url=redis_server.url, extra_env=env,
         )  # fmt: skip
         missing = airt(
-            "run", str(pipeline), "--secret", "NOT_SET_HERE",
+            "run", str(pipeline), "--secret", "NOT_SET_HERE", "-i", base,
             redis_url=redis_server.url, extra_env=env,
         )  # fmt: skip
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert result.returncode == 0, result.stderr
     snapshot = json.loads(result.stdout)
-    assert snapshot["steps"]["call"]["output"] == {"status": 200, "json": {"got": "Bearer ***"}}
-    assert seen == [f"Bearer {value}"]
+    output = snapshot["steps"]["call"]["output"]
+    assert output == {"status": 200, "json": {"authorization": "Bearer ***"}}
+    assert echo.seen == [f"Bearer {value}"]
     client = sync_redis.Redis.from_url(redis_server.url)
     try:
         for key in client.scan_iter(count=1000):

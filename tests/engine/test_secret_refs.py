@@ -78,6 +78,22 @@ def test_scrub_replaces_longer_values_first() -> None:
     assert scrub("key=abcdef, part=abc", ["abc", "abcdef"]) == "key=***, part=***"
 
 
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        ("HTTP 500: refused Bearer s3cr3t-va", "HTTP 500: refused Bearer ***"),
+        ("HTTP 500: refused Bearer s3cr", "HTTP 500: refused Bearer ***"),
+        ("HTTP 500: refused Bearer s3c", "HTTP 500: refused Bearer s3c"),  # 3: too short to tell
+        ("s3cr3t-value and again s3cr3t-v", "*** and again ***"),
+        ("s3cr at the start is not a cut copy", "s3cr at the start is not a cut copy"),
+    ],
+)
+def test_a_copy_cut_short_at_the_end_is_scrubbed(text: str, scrubbed: str) -> None:
+    """An error quotes the first 200 characters of a reply: a value it cut in two must
+    not leave its first half behind."""
+    assert scrub(text, ["s3cr3t-value"]) == scrubbed
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),
     lambda inner: (

@@ -147,7 +147,7 @@ class StepSlotsRequest(_Body):
 
 class SecretRequest(_Body):
     value: str = Field(
-        description="The secret's value: 4 to 4096 characters, no control characters (it "
+        description="The secret's value: 4 to 4096 printable ASCII characters (it "
         "is sent in an HTTP header). Never answered back by any read.",
         json_schema_extra={"writeOnly": True},
     )
