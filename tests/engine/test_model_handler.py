@@ -225,6 +225,23 @@ async def test_an_unreachable_provider_is_retried(monkeypatch: pytest.MonkeyPatc
         await model_call(ctx({"provider": "gone", "model": "m", "prompt": "hi"}))
 
 
+JSON_ASK: dict[str, Any] = {
+    "provider": "gpt",
+    "model": "gpt-small",
+    "prompt": "x",
+    "output": "json",
+}
+VERDICT: dict[str, Any] = {
+    "type": "object",
+    "required": ["verdict", "score"],
+    "properties": {
+        "verdict": {"enum": ["ok", "revise"]},
+        "score": {"type": "integer", "minimum": 0, "maximum": 10},
+    },
+    "additionalProperties": False,
+}
+
+
 def pipeline(**with_: Any) -> dict[str, Any]:
     return {"id": "p", "steps": [{"id": "ask", "uses": "model", "with": with_}]}
 
@@ -268,6 +285,28 @@ def pipeline(**with_: Any) -> dict[str, Any]:
         pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
                       "stop": ["a", "b", "c", "d", "e"]}, "stop", "1 to 4 non-empty strings",
                      id="stop"),
+        pytest.param({"provider": "gpt", "model": "gpt-small", "prompt": "x",
+                      "schema": {"type": "object"}}, "schema", "needs output: json",
+                     id="schema-without-json"),
+        pytest.param({**JSON_ASK, "schema": ["object"]}, "schema",
+                     "must be a JSON Schema object", id="schema-not-a-mapping"),
+        pytest.param({**JSON_ASK, "schema": {"type": "objekt"}}, "schema",
+                     "is not a valid JSON Schema at type", id="schema-invalid"),
+        pytest.param({**JSON_ASK, "schema": {"properties": {"a": {"minLength": -1}}}},
+                     "schema", "is not a valid JSON Schema at properties.a.minLength",
+                     id="schema-invalid-nested"),
+        pytest.param({**JSON_ASK, "schema": {"properties": {"id": {"pattern": "^(a+)+$"}}}},
+                     "schema", "'pattern' (at properties.id) is not supported: a regular "
+                     "expression would run on the model's reply", id="schema-pattern"),
+        pytest.param({**JSON_ASK, "schema": {"patternProperties": {"x": {}}}}, "schema",
+                     "'patternProperties' is not supported", id="schema-pattern-properties"),
+        pytest.param({**JSON_ASK, "schema": {"$ref": "https://example.com/s.json"}}, "schema",
+                     "$ref must point inside the schema ('#...'), not "
+                     "'https://example.com/s.json'", id="schema-remote-ref"),
+        pytest.param({**JSON_ASK, "schema": {"enum": [{"pattern": "^(a+)+$"}],
+                                              "description": "${inputs.d}"}}, "schema",
+                     "must be written out, not name a step output or run input ('${inputs.d}')",
+                     id="schema-reference"),
     ],
 )  # fmt: skip
 def test_a_call_the_platform_does_not_offer_is_refused_at_submit(
@@ -368,6 +407,66 @@ async def test_a_pipeline_of_model_steps_runs_and_keeps_no_key(
     assert [s.path for s in server.seen] == ["/v1/chat/completions", "/v1/messages", "/v1/messages"]
     kept = json.dumps(snap) + repr(await store.events(eid))
     assert KEY not in kept and "slow down" in kept
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        pytest.param('{"verdict": "ok", "score": 3}', None, id="matches"),
+        pytest.param('{"verdict": "fine", "score": 3}', "['verdict']: 'fine' is not one of "
+                     "['ok', 'revise']", id="enum"),
+        pytest.param('{"verdict": "ok", "score": 11}', "['score']: 11 is greater than the "
+                     "maximum of 10", id="maximum"),
+        pytest.param('{"verdict": "ok"}', "the reply: 'score' is a required property",
+                     id="missing"),
+        pytest.param('{"verdict": "ok", "score": 1, "x": 0, "y": 0}', "the reply: Additional "
+                     "properties are not allowed", id="extra"),
+        pytest.param('["ok", 3]', "the reply: ['ok', 3] is not of type 'object'", id="type"),
+        pytest.param("[" * 5000 + "]" * 5000, "reply is not JSON", id="too-deep"),
+    ],
+)  # fmt: skip
+async def test_a_json_reply_is_checked_against_the_steps_schema(
+    server: ModelServer, reply: str, problem: str | None
+) -> None:
+    server.answers.append((200, openai_text(reply)))
+    call = ctx({**JSON_ASK, "schema": VERDICT})
+    if problem is None:
+        assert (await model_call(call))["json"] == json.loads(reply)
+        return
+    with pytest.raises(TransientError) as info:
+        await model_call(call)
+    assert problem in str(info.value), str(info.value)
+
+
+async def test_a_reply_off_its_schema_is_retried_then_fails_naming_the_mismatch(
+    server: ModelServer, redis: Redis
+) -> None:
+    """End to end: the first reply misses a field (retried), the second matches and is
+    what the next step reads; a step whose every reply misses fails naming where."""
+    doc = {
+        "id": "p",
+        "steps": [
+            {"id": "judge", "uses": "model", "with": {**JSON_ASK, "schema": VERDICT},
+             "retry": {"max_attempts": 2, "backoff_initial_s": 0.01, "jitter": 0}},
+            {"id": "use", "uses": "echo", "with": {"value": "${steps.judge.output.json.score}"}},
+        ],
+    }  # fmt: skip
+    store = ExecutionStore(redis)
+    eid = await store.create(compile_pipeline(parse_pipeline(doc)))
+    server.answers.append((200, openai_text('{"verdict": "ok"}')))
+    server.answers.append((200, openai_text('{"verdict": "revise", "score": 4}')))
+    assert await WorkerPool(store).run(eid) == "Succeeded"
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    assert snap["steps"]["judge"]["attempts"] == 2 and snap["steps"]["use"]["output"] == 4
+    eid = await store.create(compile_pipeline(parse_pipeline(doc)))
+    server.answers.extend([(200, openai_text('{"verdict": "ok"}'))] * 2)
+    assert await WorkerPool(store).run(eid) == "Failed"
+    snap = await store.snapshot(eid)
+    assert snap is not None
+    error = snap["steps"]["judge"]["error"]
+    assert "does not match the step's schema: the reply: 'score' is a required" in error
+    assert snap["steps"]["use"]["status"] == "skipped"
 
 
 def test_the_packaged_example_runs_with_airt_run(server: ModelServer) -> None:

@@ -18,6 +18,7 @@ key, speaks the provider's API and answers one shape::
         max_tokens: 200             # at most the provider's max_output_tokens
         temperature: 0              # optional; so are stop, seed (openai) and output
         output: json                # optional: the reply parsed as JSON, as output.json
+        schema: {type: object, required: [verdict]}   # optional, with output: json
 
     output: {"text": "...", "provider": "openai", "model": "gpt-4o-mini-2024-07-18",
              "finish_reason": "stop", "usage": {"input_tokens": 31, "output_tokens": 12}}
@@ -31,7 +32,8 @@ or message content that resolves to something other than text is sent as its JSO
 Failures: a network error, a timeout, HTTP 408/409/425/429, 5xx and Anthropic's 529 are
 :class:`~airuntime.engine.handlers.TransientError` (the step's retry policy decides, and
 the retry waits at least what the provider's ``Retry-After`` asked);
-a reply that ``output: json`` cannot parse is too (a retry may answer better). Any other
+a reply that ``output: json`` cannot parse, or that does not match the step's ``schema``
+(:mod:`~airuntime.engine.handlers.reply_schema`), is too (a retry may answer better). Any other
 4xx is :class:`~airuntime.engine.handlers.StepFailed` with the provider's message; 401
 and 403 say the platform's credentials were refused and never quote the reply. The key
 is read from the runtime's environment for each call and never appears in an output or
@@ -54,6 +56,7 @@ from airuntime.engine.handlers.model_providers import (
     describe_providers,
 )
 from airuntime.engine.handlers.model_usage import CallOutcome, record_call, token_count
+from airuntime.engine.handlers.reply_schema import reply_problem, schema_problem
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
 
@@ -75,6 +78,7 @@ FIELDS: Final = (
     "stop",
     "seed",
     "output",
+    "schema",
 )
 ROLES: Final = ("system", "user", "assistant")
 OUTPUTS: Final = ("text", "json")
@@ -100,6 +104,8 @@ class ModelRequest:
     stop: tuple[str, ...]
     seed: int | None
     output: str
+    schema: Mapping[str, Any] | None = None
+    """What a JSON reply must match (:mod:`~airuntime.engine.handlers.reply_schema`)."""
 
 
 def _shown(value: object, width: int = 80) -> str:
@@ -267,6 +273,20 @@ def _read_options(
     return max_tokens, temperature, stops, seed, str(output)
 
 
+def _read_schema(reader: _Reader, output: str) -> Mapping[str, Any] | None:
+    if "schema" not in reader.value:
+        return None
+    schema = reader.value["schema"]
+    if output != "json":
+        reader.problem("schema", "needs output: json (a schema checks a JSON reply)")
+        return None
+    problem = schema_problem(schema)
+    if problem is not None:
+        reader.problem("schema", problem)
+        return None
+    return dict(schema)
+
+
 def _read(
     value: object,
     providers: Mapping[str, ModelProvider],
@@ -288,6 +308,7 @@ def _read(
         reader.problem("system", "must not be empty (leave it out instead)")
     messages = _read_messages(reader)
     max_tokens, temperature, stop, seed, output = _read_options(reader, provider)
+    schema = _read_schema(reader, output)
     if reader.problems or provider is None or model is None:
         return None, reader.problems
     return (
@@ -302,6 +323,7 @@ def _read(
             stop=stop,
             seed=seed,
             output=output,
+            schema=schema,
         ),
         [],
     )
@@ -463,13 +485,21 @@ def _parsed(request: ModelRequest, out: dict[str, Any]) -> dict[str, Any]:
         return out
     text = out["text"]
     try:
-        return {**out, "json": json.loads(text)}
-    except ValueError as exc:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         excerpt = text[:_QUOTED] + ("..." if len(text) > _QUOTED else "")
         raise TransientError(
             f"provider {request.provider_name!r} model {request.model!r}: output json "
             f"asked, and the reply is not JSON ({exc}): {excerpt!r}"
         ) from None
+    if request.schema is not None:
+        problem = reply_problem(request.schema, parsed)
+        if problem is not None:
+            raise TransientError(
+                f"provider {request.provider_name!r} model {request.model!r}: the reply does "
+                f"not match the step's schema: {problem}"
+            )
+    return {**out, "json": parsed}
 
 
 async def model_call(ctx: StepContext) -> dict[str, Any]:
