@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import StepContext, StepFailed, TransientError
 from airuntime.engine.handlers.model_call import model_call
+from airuntime.engine.handlers.reply_schema import UnusableSchema, reply_problem, schema_problem
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import HandlerSettings
 from airuntime.engine.pipeline import PipelineError, compile_pipeline, parse_pipeline
@@ -301,8 +302,16 @@ def pipeline(**with_: Any) -> dict[str, Any]:
         pytest.param({**JSON_ASK, "schema": {"patternProperties": {"x": {}}}}, "schema",
                      "'patternProperties' is not supported", id="schema-pattern-properties"),
         pytest.param({**JSON_ASK, "schema": {"$ref": "https://example.com/s.json"}}, "schema",
-                     "$ref must point inside the schema ('#...'), not "
+                     "$ref must be a JSON pointer inside the schema ('#/...'), not "
                      "'https://example.com/s.json'", id="schema-remote-ref"),
+        pytest.param({**JSON_ASK, "schema": {"properties": {"a": {"$ref": "#/$defs/gone"}}}},
+                     "schema", "$ref (at properties.a) '#/$defs/gone' points at nothing",
+                     id="schema-dangling-ref"),
+        pytest.param({**JSON_ASK, "schema": {"$schema": "https://example.com/mine"}}, "schema",
+                     "$schema 'https://example.com/mine' is not a JSON Schema draft",
+                     id="schema-unknown-draft"),
+        pytest.param({**JSON_ASK, "schema": {"$schema": ["x"]}}, "schema",
+                     "$schema \"['x']\" is not a JSON Schema draft", id="schema-draft-not-text"),
         pytest.param({**JSON_ASK, "schema": {"enum": [{"pattern": "^(a+)+$"}],
                                               "description": "${inputs.d}"}}, "schema",
                      "must be written out, not name a step output or run input ('${inputs.d}')",
@@ -643,3 +652,54 @@ def test_any_with_of_a_model_step_compiles_or_is_refused_naming_fields(
         compile_pipeline(parse_pipeline(pipeline(**with_)))
     except PipelineError as exc:
         assert all(p.loc.startswith("steps[0].with") for p in exc.problems), exc.problems
+
+
+KEYWORDS = st.sampled_from(
+    ["type", "properties", "required", "items", "enum", "const", "$ref", "$defs", "$schema",
+     "anyOf", "oneOf", "not", "minimum", "maxLength", "additionalProperties", "pattern",
+     "$dynamicRef", "description", "default", "x"]
+)  # fmt: skip
+SCHEMA_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(
+        ["object", "string", "integer", "#", "#/$defs/a", "#/properties/a", "#a",
+         "https://json-schema.org/draft/2020-12/schema", "http://json-schema.org/draft-07/schema#",
+         "${inputs.x}", "", "a"]
+    ),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYWORDS | st.just("a"), inner,
+                                                               max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    schema=st.dictionaries(KEYWORDS, SCHEMA_VALUES, min_size=1, max_size=5),
+    reply=SCHEMA_VALUES,
+)
+def test_any_schema_is_refused_or_applied_never_crashing(
+    schema: dict[str, Any], reply: Any
+) -> None:
+    """Whatever a pipeline writes as ``schema``: a refusal (a 422 at submit), or a schema
+    that checks any reply into a mismatch, a match or an UnusableSchema (the step fails
+    naming it): never another exception (a 500 at submit, a crashed attempt)."""
+    problem = schema_problem(schema)
+    if problem is not None:
+        assert isinstance(problem, str) and problem
+        return
+    try:
+        found = reply_problem(schema, reply)
+    except UnusableSchema as exc:
+        assert "schema" in str(exc)
+        return
+    assert found is None or isinstance(found, str)
+
+
+async def test_a_schema_that_cannot_be_applied_fails_the_step_without_retrying(
+    server: ModelServer,
+) -> None:
+    """A schema that refers to itself without end passes the submit's checks and still
+    cannot check a reply: the step fails (a retry would call the model again for
+    nothing), naming the schema, not the reply."""
+    server.answers.append((200, openai_text('{"a": 1}')))
+    with pytest.raises(StepFailed, match="the schema refers to itself without end"):
+        await model_call(ctx({**JSON_ASK, "schema": {"$ref": "#"}}))

@@ -56,7 +56,7 @@ from airuntime.engine.handlers.model_providers import (
     describe_providers,
 )
 from airuntime.engine.handlers.model_usage import CallOutcome, record_call, token_count
-from airuntime.engine.handlers.reply_schema import reply_problem, schema_problem
+from airuntime.engine.handlers.reply_schema import UnusableSchema, reply_problem, schema_problem
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
 
@@ -493,7 +493,10 @@ def _parsed(request: ModelRequest, out: dict[str, Any]) -> dict[str, Any]:
             f"asked, and the reply is not JSON ({exc}): {excerpt!r}"
         ) from None
     if request.schema is not None:
-        problem = reply_problem(request.schema, parsed)
+        try:
+            problem = reply_problem(request.schema, parsed)
+        except UnusableSchema as exc:
+            raise StepFailed(f"provider {request.provider_name!r}: {exc}") from None
         if problem is not None:
             raise TransientError(
                 f"provider {request.provider_name!r} model {request.model!r}: the reply does "

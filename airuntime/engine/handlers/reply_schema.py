@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
+from urllib.parse import unquote
 
-__all__ = ["reply_problem", "schema_problem"]
+__all__ = ["UnusableSchema", "reply_problem", "schema_problem"]
 
 _REGEX_KEYWORDS: Final = frozenset({"pattern", "patternProperties"})
+_UNSUPPORTED: Final = frozenset({"$dynamicRef", "$recursiveRef"})
 _QUOTED: Final = 120
 
 
@@ -72,12 +74,28 @@ def schema_problem(schema: Any) -> str | None:
                 f"{key!r}{at} is not supported: a regular expression would run on the model's "
                 "reply (a pathological one holds the worker while it backtracks)"
             )
-        if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            return f"$ref{at} must point inside the schema ('#...'), not {str(value)[:80]!r}"
+        if key in _UNSUPPORTED:
+            return f"{key!r}{at} is not supported (use $ref with a JSON pointer, '#/...')"
+        if key == "$ref":
+            if not (isinstance(value, str) and (value == "#" or value.startswith("#/"))):
+                return (
+                    f"$ref{at} must be a JSON pointer inside the schema ('#/...'), not "
+                    f"{str(value)[:80]!r}"
+                )
+            if not _points_inside(schema, value):
+                return f"$ref{at} {value[:80]!r} points at nothing in the schema"
     for text in _references(schema):
         return f"must be written out, not name a step output or run input ({text[:80]!r})"
     from jsonschema import SchemaError, validators
 
+    declared = schema.get("$schema")
+    if declared is not None and (
+        not isinstance(declared, str) or declared.rstrip("#") not in _known_drafts()
+    ):
+        return (
+            f"$schema {str(declared)[:80]!r} is not a JSON Schema draft jsonschema knows "
+            "(leave it out for draft 2020-12)"
+        )
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     try:
         cls.check_schema(dict(schema))
@@ -88,16 +106,55 @@ def schema_problem(schema: Any) -> str | None:
     return None
 
 
+def _known_drafts() -> set[str]:
+    """The ``$schema`` URIs jsonschema has a validator for (no trailing ``#``)."""
+    from jsonschema import validators
+
+    known = (
+        validators.Draft4Validator,
+        validators.Draft6Validator,
+        validators.Draft7Validator,
+        validators.Draft201909Validator,
+        validators.Draft202012Validator,
+    )
+    uris = {str(c.META_SCHEMA.get(k, "")) for c in known for k in ("$schema", "$id", "id")}
+    return {u.rstrip("#") for u in uris if u}
+
+
+def _points_inside(root: Mapping[str, Any], ref: str) -> bool:
+    """The JSON pointer of ``ref`` (``#`` or ``#/a/b``) names a value inside ``root``."""
+    node: Any = root
+    for raw in ref[2:].split("/") if ref != "#" else ():
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+class UnusableSchema(ValueError):
+    """The schema passed its checks and still could not be applied (not the reply's fault)."""
+
+
 def reply_problem(schema: Mapping[str, Any], reply: Any) -> str | None:
     """How ``reply`` (the parsed JSON) departs from ``schema``: the first mismatch by
-    location in the reply, or None when it matches."""
+    location in the reply, or None when it matches. Raises :class:`UnusableSchema` when
+    the schema itself cannot be applied."""
     from jsonschema import validators
 
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     try:
         errors = sorted(cls(schema).iter_errors(reply), key=lambda e: list(map(str, e.path)))
     except RecursionError:
-        return "the reply is nested too deeply to check"
+        raise UnusableSchema(
+            "the reply could not be checked: it is nested too deeply for the schema, or the "
+            "schema refers to itself without end"
+        ) from None
+    except Exception as exc:  # jsonschema's and referencing's own errors
+        raise UnusableSchema(f"the step's schema could not be applied: {exc}"[:300]) from None
     if not errors:
         return None
     first = errors[0]
