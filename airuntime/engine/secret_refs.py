@@ -110,7 +110,7 @@ def header_templates(handler: str, inputs: Any) -> dict[str, str]:
     return {
         str(k): v
         for k, v in headers.items()
-        if isinstance(v, str) and _MARK in v and _malformed(v) is None
+        if isinstance(v, str) and _MARK in v and secret_problem(handler, ("headers", k), v) is None
     }
 
 
@@ -139,13 +139,23 @@ MIN_CUT_PREFIX: Final = 4
 """A text ending in this many or more leading characters of a value ends in a cut copy."""
 
 
+def _longest_first(values: Iterable[str]) -> list[str]:
+    return sorted({v for v in values if v}, key=len, reverse=True)
+
+
+def _replace_all(text: str, ordered: list[str]) -> str:
+    for value in ordered:
+        if value in text:
+            text = text.replace(value, SCRUBBED)
+    return text
+
+
 def scrub(text: str, values: Iterable[str]) -> str:
     """``text`` with every occurrence of each value replaced by ``***``, longer values
     first (a value that contains another is scrubbed whole), and a copy cut short at the
     end of the text (an error quoting the first 200 characters of a reply) as well."""
-    ordered = sorted({v for v in values if v}, key=len, reverse=True)
-    for value in ordered:
-        text = text.replace(value, SCRUBBED)
+    ordered = _longest_first(values)
+    text = _replace_all(text, ordered)
     for value in ordered:
         for n in range(len(value) - 1, MIN_CUT_PREFIX - 1, -1):
             if text.endswith(value[:n]):
@@ -157,21 +167,15 @@ def scrub_value(value: Any, secrets: Iterable[str]) -> Any:
     """A JSON value (a step's output) with :func:`scrub` applied to every string in it,
     keys included: the structure is kept, so the result is still the output's JSON
     (replacing inside the encoded text could break a number or an escape)."""
-    ordered = sorted({s for s in secrets if s}, key=len, reverse=True)
+    ordered = _longest_first(secrets)
     if not ordered:
         return value
 
-    def clean(text: str) -> str:
-        for secret in ordered:
-            if secret in text:
-                text = text.replace(secret, SCRUBBED)
-        return text
-
     def walk(item: Any) -> Any:
         if isinstance(item, str):
-            return clean(item)
+            return _replace_all(item, ordered)
         if isinstance(item, Mapping):
-            return {clean(str(k)): walk(v) for k, v in item.items()}
+            return {_replace_all(str(k), ordered): walk(v) for k, v in item.items()}
         if isinstance(item, list | tuple):
             return [walk(v) for v in item]
         return item

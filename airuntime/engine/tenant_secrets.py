@@ -87,11 +87,12 @@ class TenantSecrets:
         self.redis = redis
         self.scripts = scripts or library()
 
-    async def put(self, tenant_id: str, name: str, value: str, updated_by: str) -> bool:
-        """Store ``value`` (checked by the caller: :func:`value_problem`); True when the
-        name is new. Raises :class:`TooManySecrets` for a new name over the cap."""
+    async def put(self, tenant_id: str, name: str, value: str, updated_by: str) -> SecretInfo:
+        """Store ``value`` (checked by the caller: :func:`value_problem`) and answer what
+        anyone may know of it. Raises :class:`TooManySecrets` for a new name over the cap."""
+        info = SecretInfo(name, int(time.time() * 1000), updated_by)
         record = json.dumps(
-            {"value": value, "updated_at_ms": int(time.time() * 1000), "updated_by": updated_by}
+            {"value": value, "updated_at_ms": info.updated_at_ms, "updated_by": updated_by}
         )
         reply = await self.scripts.call(
             self.redis,
@@ -104,7 +105,7 @@ class TenantSecrets:
                 f"tenant {tenant_id!r} keeps {MAX_SECRETS_PER_TENANT} secrets already, the "
                 "most it may: delete one first"
             )
-        return int(reply) == 1
+        return info
 
     async def delete(self, tenant_id: str, name: str) -> bool:
         """Forget one secret; False when there was none of that name."""

@@ -28,6 +28,7 @@ def test_a_header_template_is_substituted_name_by_name() -> None:
         "X-Pair": "${secrets.A}:${secrets.B_2}",
         "X-Plain": "no secret",
         "X-Input": "${inputs.x}",
+        "X-Mixed": "${secrets.TOKEN}/${inputs.x}",  # refused at submit; never substituted
     }
     inputs = {"url": "https://example.com", "headers": headers}
     templates = header_templates("http", inputs)

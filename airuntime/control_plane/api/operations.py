@@ -486,15 +486,11 @@ async def put_secret(
     problem = value_problem(value)
     if problem is not None:
         raise InvalidField("value", problem)
-    store = context.control_plane.secrets
     try:
-        await store.put(tenant_id, name, value, who.user)
+        info = await context.control_plane.secrets.put(tenant_id, name, value, who.user)
     except TooManySecrets as exc:
         raise Conflict(str(exc)) from None
-    for info in await store.listing(tenant_id):
-        if info.name == name:
-            return _secret_view(info)
-    raise Conflict(f"secret {name!r} was deleted while it was being set")
+    return _secret_view(info)
 
 
 async def delete_secret(context: ApiContext, who: Principal, tenant_id: str, name: str) -> None:
