@@ -92,6 +92,11 @@ class Column:
     """A short word (a status) that must not be folded either."""
 
 
+def local_time(ms: Any) -> str:
+    """A Unix-ms timestamp as local ``YYYY-MM-DD HH:MM:SS`` (``-`` for none)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
 def middle(text: str, width: int = ID_WIDTH) -> str:
     """``text`` shortened to ``width`` characters by an ellipsis in the middle."""
     if len(text) <= width:

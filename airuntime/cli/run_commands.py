@@ -45,6 +45,7 @@ from airuntime.cli.listing import (
     OutputFormat,
     Updates,
     Watch,
+    local_time,
     middle,
     output_format,
     print_listing,
@@ -131,10 +132,6 @@ def list_runs(
 runs_app.command("list")(list_runs)
 
 
-def _ms(value: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value / 1000)) if value else "-"
-
-
 RUN_COLUMNS = (
     Column("shared run", lambda r: r["shared_run_id"], is_id=True),
     Column("status", lambda r: r["status"], no_wrap=True),
@@ -142,7 +139,7 @@ RUN_COLUMNS = (
     Column("instance", lambda r: r.get("assigned_instance_id") or "-", is_id=True, wide_only=True),
     Column("run id", lambda r: r.get("run_id") or "-", is_id=True, wide_only=True),
     Column("replay of", lambda r: r.get("replay_of") or "-", is_id=True, wide_only=True),
-    Column("created", lambda r: _ms(r.get("created_at_ms")), no_wrap=True, wide_only=True),
+    Column("created", lambda r: local_time(r.get("created_at_ms")), no_wrap=True, wide_only=True),
 )
 """``airt runs``: the row's shared run id whole, never wrapped (80 columns fit it, the
 status and the pipeline); ``wide`` adds where it ran, the runtime's run id, the replayed

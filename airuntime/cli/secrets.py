@@ -10,14 +10,13 @@ shell's history and every local user's ``ps`` would see it; nothing prints a val
 from __future__ import annotations
 
 import sys
-import time
 from typing import Annotated, Any
 
 import typer
 
 from airuntime.cli.client import _Api, _client, _Token, api_call
 from airuntime.cli.common import invalid, out
-from airuntime.cli.listing import Column, Output, output_format, print_listing
+from airuntime.cli.listing import Column, Output, local_time, output_format, print_listing
 
 secrets_app = typer.Typer(
     help="A tenant's secrets (values http steps send as ${secrets.NAME}): list, set, delete.",
@@ -41,13 +40,9 @@ def _target(api: str | None, token: str | None, tenant: str | None) -> tuple[str
     return base, tok, tenant or "default"
 
 
-def _ms(value: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value / 1000)) if value else "-"
-
-
 SECRET_COLUMNS = (
     Column("name", lambda s: s["name"], is_id=True),
-    Column("set at", lambda s: _ms(s["updated_at_ms"]), no_wrap=True),
+    Column("set at", lambda s: local_time(s["updated_at_ms"]), no_wrap=True),
     Column("set by", lambda s: s["updated_by"]),
 )
 

@@ -39,6 +39,7 @@ __all__ = [
     "find_step_refs",
     "input_ref",
     "iter_strings",
+    "mentions_reference",
     "parse_references",
     "resolve",
     "step_ref",
@@ -100,6 +101,12 @@ def input_ref(name: str, *path: str | int) -> str:
     """Build ``${inputs.<name>[.<path>]}``."""
     suffix = "".join(f".{p}" for p in path)
     return f"${{inputs.{name}{suffix}}}"
+
+
+def mentions_reference(text: str) -> bool:
+    """``text`` names (or starts to name) a step output or a run input: what
+    :func:`resolve` would read, or refuse as malformed."""
+    return "${" in text and _OPENING.search(text) is not None
 
 
 def _snippet(text: str, start: int) -> str:

@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from airuntime.engine.references import mentions_reference
+
 __all__ = [
     "SECRET_NAME_PATTERN",
     "SECRET_REF_HANDLER",
@@ -44,7 +46,6 @@ SECRET_REF_HANDLER: Final = "http"
 
 _MARK: Final = "${secrets"
 _TOKEN = re.compile(r"\$\{secrets\.(" + SECRET_NAME_PATTERN + r")\}")
-_OTHER_REF = re.compile(r"\$\{(?:steps|inputs)[.}]")
 SCRUBBED: Final = "***"
 
 
@@ -90,7 +91,7 @@ def secret_problem(handler: str, loc: tuple[str | int, ...], text: str) -> str |
             f"malformed secret reference {bad!r}: write ${{secrets.NAME}}, NAME a letter or _ "
             "then letters, digits or _, at most 64 characters"
         )
-    if _OTHER_REF.search(text):
+    if mentions_reference(text):
         return (
             "a header value that names a secret cannot also name a step output or a run "
             "input (put them in separate headers)"

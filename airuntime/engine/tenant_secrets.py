@@ -126,27 +126,26 @@ class TenantSecrets:
             )
         return sorted(out, key=lambda s: s.name)
 
-    async def missing(self, tenant_id: str, names: Collection[str]) -> list[str]:
-        """Which of ``names`` the tenant has not stored, sorted."""
-        wanted = sorted(set(names))
-        if not wanted:
-            return []
-        found = await self.redis.hmget(keys.tenant_secrets(tenant_id), wanted)
-        return [n for n, v in zip(wanted, found, strict=True) if v is None]
-
-    async def values(self, tenant_id: str, names: Collection[str]) -> dict[str, str]:
-        """The values of ``names`` of the tenant's secrets; a name it has not stored is
-        left out (the caller names what is missing)."""
+    async def _stored(self, tenant_id: str, names: Collection[str]) -> dict[str, Any]:
+        """The stored records of those of ``names`` the tenant has, by name (one HMGET)."""
         wanted = sorted(set(names))
         if not wanted:
             return {}
         found = await self.redis.hmget(keys.tenant_secrets(tenant_id), wanted)
+        return {n: raw for n, raw in zip(wanted, found, strict=True) if raw is not None}
+
+    async def missing(self, tenant_id: str, names: Collection[str]) -> list[str]:
+        """Which of ``names`` the tenant has not stored, sorted."""
+        return sorted(set(names) - (await self._stored(tenant_id, names)).keys())
+
+    async def values(self, tenant_id: str, names: Collection[str]) -> dict[str, str]:
+        """The values of ``names`` of the tenant's secrets; a name it has not stored is
+        left out (the caller names what is missing)."""
         out: dict[str, str] = {}
-        for name, raw in zip(wanted, found, strict=True):
-            if raw is not None:
-                value = _record(raw).get("value")
-                if isinstance(value, str) and value:
-                    out[name] = value
+        for name, raw in (await self._stored(tenant_id, names)).items():
+            value = _record(raw).get("value")
+            if isinstance(value, str) and value:
+                out[name] = value
         return out
 
 

@@ -1,7 +1,8 @@
 """``/v1/instances``, ``/v1/model-providers`` and ``/v1/tenants``: the runtime instances,
-the model providers and the tenant settings a caller may see, and the settings an
-operator or an admin may change (the same operations as the MCP tools
-``set_tenant_settings`` and ``set_step_slots``)."""
+the model providers, the tenant settings and the names of a tenant's secrets a caller
+may see, and the settings and secrets an operator or an admin may change (the same
+operations as the MCP tools ``set_tenant_settings`` and ``set_step_slots``; secrets are
+set through this API only)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from airuntime.control_plane.api.operations import InvalidField
 from airuntime.control_plane.api.request_body import StrictJsonRoute
 from airuntime.control_plane.rbac import TENANT_ID_PATTERN
 from airuntime.engine.secret_refs import SECRET_NAME_PATTERN
+from airuntime.engine.tenant_secrets import MAX_SECRETS_PER_TENANT
 from airuntime.fleet.tenancy import TenantSettings
 
 router = APIRouter(
@@ -124,7 +126,7 @@ async def secrets(tenant_id: TenantId, who: Reader, context: Context) -> list[Se
         **WITH_BODY,
         403: error("The caller lacks the cancel capability (operators have it)."),
         404: error("Not the caller's tenant."),
-        409: error("A new name for a tenant that keeps 100 secrets already."),
+        409: error(f"A new name for a tenant that keeps {MAX_SECRETS_PER_TENANT} secrets already."),
     },
 )
 async def put_secret(

@@ -17,10 +17,11 @@ backtracks). Validation is :mod:`jsonschema`'s, without format assertions.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import unquote
+
+from airuntime.engine.references import iter_strings, mentions_reference
 
 __all__ = ["UnusableSchema", "reply_problem", "schema_problem"]
 
@@ -31,7 +32,6 @@ _QUOTED: Final = 120
 
 _DATA_KEYWORDS: Final = frozenset({"const", "enum", "default", "examples"})
 """Keywords whose values are instances, not schemas: not searched for keywords."""
-_REFERENCE = re.compile(r"\$\{(?:steps|inputs)[.}]")
 
 
 def _walk(value: Any, at: str = "") -> Iterator[tuple[str, str, Any]]:
@@ -51,16 +51,7 @@ def _walk(value: Any, at: str = "") -> Iterator[tuple[str, str, Any]]:
 
 def _references(value: Any) -> Iterator[str]:
     """Every string inside ``value`` (keys aside) that names a step output or run input."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _REFERENCE.search(item):
-                yield item
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    return (text for _, text in iter_strings(value) if mentions_reference(text))
 
 
 def schema_problem(schema: Any) -> str | None:
