@@ -93,7 +93,8 @@ class _ModelUsageCollector(Collector):
         families = (
             (
                 "airuntime_model_calls_total",
-                "Model calls of model steps by outcome (ok, retried: retryable failure, failed).",
+                "Model calls of model steps by outcome (ok, retried: retryable failure, failed, "
+                "refused: over the tenant's token budget).",
                 "outcome",
                 usage.calls,
             ),

@@ -147,6 +147,11 @@ key                                 type    content / written by
                                             (the API's PUT), HDEL (DELETE); runtimes
                                             read values by HMGET right before an
                                             ``http`` step sends (tenant_secrets).
+``air:{air}:tenant:<id>:model-tokens`` hash window id, tokens used and reserved in
+                                            it, by the tenant's model steps.
+                                            modelTokens-2.lua (reserve, settle,
+                                            read: model_budget); EXPIREAT a day
+                                            after the window ends.
 ``air:{air}:tenant-seeds``          string  set with the tenants file's settings (same
                                             transaction); gone = Redis lost them, and the
                                             control plane publishes the file again.
@@ -457,6 +462,12 @@ def tenant_settings(tenant_id: str) -> str:
 def tenant_secrets(tenant_id: str) -> str:
     """Tenant ``tenant_id``'s secrets (:mod:`airuntime.engine.tenant_secrets`)."""
     return f"{CONTROL}:tenant:{tenant_id}:secrets"
+
+
+def tenant_model_tokens(tenant_id: str) -> str:
+    """Tenant ``tenant_id``'s model tokens in the current budget window
+    (:mod:`airuntime.engine.model_budget`)."""
+    return f"{CONTROL}:tenant:{tenant_id}:model-tokens"
 
 
 def tenant_seeds() -> str:

@@ -207,6 +207,7 @@ class StepRun:
             tenant_id=part.tenant_id or None,
             fencing_token=claim.token,
             fencing_seq=claim.sequence,
+            model_budgets=part.pool.model_budgets,
         )
 
     async def _execute(self, step: PlanStep) -> str:

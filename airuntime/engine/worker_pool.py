@@ -37,6 +37,7 @@ from airuntime.engine.control_feed import ControlFeed
 from airuntime.engine.control_poll import ControlPoll
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry, default_registry
+from airuntime.engine.model_budget import ModelBudgets
 from airuntime.engine.participation import Participation
 from airuntime.engine.payloads import PayloadOffload
 from airuntime.engine.pipeline import Plan
@@ -108,6 +109,8 @@ class WorkerPool:
         """Large outputs to a durable payload store (None: every output stays in Redis)."""
         self.secrets: SecretSource = secrets or TenantSecrets(store.redis, store.scripts)
         """The tenants' secrets, read when an ``http`` step's headers name one."""
+        self.model_budgets = ModelBudgets(store.redis, store.scripts)
+        """The tenants' model token budgets, drawn from by ``model`` steps."""
         self.registry = registry or default_registry()
         self.settings = settings or PoolSettings()
         self.pool_id = pool_id or default_pool_id()

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from airuntime.core.context import DEFAULT_TENANT
 from airuntime.core.parsed_records import ParsedRecords
 from airuntime.engine.handlers.model_providers import PROVIDER_NAME
+from airuntime.engine.model_budget import ModelTokenBudget
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
@@ -83,6 +84,10 @@ class TenantSettings(BaseModel):
     """Model providers this tenant's ``model`` steps may call (of those the platform
     defines in ``AIRUNTIME_MODEL_PROVIDERS``); None: all of them. Checked at submit and
     again when a runtime accepts the run."""
+    model_token_budget: ModelTokenBudget | None = None
+    """Tokens this tenant's ``model`` steps may use in an hour, a day or a month (UTC),
+    drawn from by every runtime at each call (:mod:`airuntime.engine.model_budget`);
+    None: not limited."""
 
     @model_validator(mode="before")
     @classmethod

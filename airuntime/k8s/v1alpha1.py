@@ -30,6 +30,7 @@ from typing import Annotated, Any, Final, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from airuntime.engine.model_budget import MAX_BUDGET_TOKENS, BudgetWindow
 from airuntime.fleet.instance_settings import InstanceSettings
 from airuntime.fleet.tenancy import (
     DEFAULT_ALLOWED_HANDLERS,
@@ -139,6 +140,15 @@ class RedisSecretRef(_Resource):
     """Name of the Secret."""
     key: str = Field(default="url", min_length=1, max_length=253)
     """Key in the Secret whose value is the Redis URL (``redis://`` or ``rediss://``)."""
+
+
+class ModelTokenBudgetSpec(_Resource):
+    """A tenant's model token budget (see airuntime/engine/model_budget.py)."""
+
+    tokens: int = Field(ge=1, le=MAX_BUDGET_TOKENS)
+    """Tokens (prompt and reply, every provider) the tenant's model steps may use in one window."""
+    window: BudgetWindow = BudgetWindow.DAY
+    """The calendar hour, day or month (UTC) the budget is for; it renews at the next."""
 
 
 class EnvVar(
@@ -293,6 +303,10 @@ class RuntimePoolSpec(
     )
     """Model providers the tenant's ``model`` steps may call, of those the platform
     defines (checked at submit and when a runtime accepts a run); default: all of them."""
+    model_token_budget: ModelTokenBudgetSpec | None = None
+    """Tokens the tenant's model steps may use in a calendar hour, day or month (UTC),
+    counted across all its runtimes; a call that could pass it fails its step, naming it.
+    Default: not limited."""
     idle_scale_in_delay_seconds: int = Field(default=300, ge=0, le=86_400)
     """Seconds a pod must stay idle before the operator removes it (scale-in, never below
     minInstances); 0 disables scale-in (e.g. when an HPA drives the pool)."""
@@ -351,6 +365,8 @@ class RuntimePoolSpec(
             data["allowed_handlers"] = tuple(self.allowed_handlers)
         if self.allowed_model_providers is not None:
             data["allowed_model_providers"] = tuple(self.allowed_model_providers)
+        if self.model_token_budget is not None:
+            data["model_token_budget"] = self.model_token_budget.model_dump()
         if self.allow_shared_fallback is not None:
             data["allow_shared_fallback"] = self.allow_shared_fallback
         return TenantSettings.model_validate(data)
@@ -415,6 +431,8 @@ class TenantSettingsSnapshot(_Resource):
         Field(default=None, max_length=256)
     )
     """Model providers the tenant's model steps may call (absent: all)."""
+    model_token_budget: ModelTokenBudgetSpec | None = None
+    """Tokens the tenant's model steps may use in a window (absent: not limited)."""
 
     @classmethod
     def of(cls, settings: TenantSettings) -> TenantSettingsSnapshot:

@@ -155,6 +155,19 @@ INVALID_POOLS = [
     pytest.param(_drop("redis"), "spec.redis", id="missing-redis-secret"),
     pytest.param(_set("redis", {"key": "url"}), "spec.redis.name", id="missing-redis-name"),
     pytest.param(
+        _set("modelTokenBudget", {"tokens": 0}), "spec.modelTokenBudget.tokens", id="budget-zero"
+    ),
+    pytest.param(
+        _set("modelTokenBudget", {"tokens": 10, "window": "week"}),
+        "spec.modelTokenBudget.window",
+        id="budget-window",
+    ),
+    pytest.param(
+        _set("modelTokenBudget", {"window": "day"}),
+        "spec.modelTokenBudget.tokens",
+        id="budget-without-tokens",
+    ),
+    pytest.param(
         _set("env", [{"name": "AIRUNTIME_TENANT_ID", "value": "other"}]),
         "spec.env",
         id="env-overrides-managed-variable",

@@ -137,3 +137,42 @@ async def test_allowed_model_providers_are_published_and_checked_by_the_api_serv
     with pytest.raises(ApiException) as info:  # the CRD's pattern, at the API server
         cluster.patch_pool(namespace, "pool", {"spec": {"allowedModelProviders": ["Open AI"]}})
     assert info.value.status == 422 and "allowedModelProviders" in str(info.value.body)
+
+
+async def test_a_pools_model_token_budget_is_published_and_changed_live(
+    cluster: Cluster, namespace: str, valkey: Redis
+) -> None:
+    """``modelTokenBudget`` reaches the tenant settings the runtimes' budget script reads
+    (so every runtime of the tenant draws from it at its next model call), follows a
+    change, and is gone when the field is."""
+    from airuntime.engine.model_budget import ModelBudgets
+
+    registry, budgets = Registry(valkey), ModelBudgets(valkey)
+    tenant, prefix = unique("tenant"), unique("rt")
+    cluster.create_pool(
+        namespace, "pool", pool_spec(tenant, prefix, modelTokenBudget={"tokens": 5000})
+    )
+
+    async def limit() -> int | None:
+        usage = await budgets.usage(tenant)
+        return None if usage is None else usage.budget
+
+    async def day_of_5000() -> bool:
+        usage = await budgets.usage(tenant)
+        return usage is not None and (usage.budget, usage.window.value) == (5000, "day")
+
+    await eventually_async(day_of_5000, what="the budget published")
+    patch = {"spec": {"modelTokenBudget": {"tokens": 90, "window": "hour"}}}
+    cluster.patch_pool(namespace, "pool", patch)
+
+    async def hour_of_90() -> bool:
+        usage = await budgets.usage(tenant)
+        return usage is not None and (usage.budget, usage.window.value) == (90, "hour")
+
+    await eventually_async(hour_of_90, what="the changed budget")
+    cluster.patch_pool(namespace, "pool", {"spec": {"modelTokenBudget": None}})
+
+    async def unlimited() -> bool:
+        return tenant in await registry.tenant_ids() and await limit() is None
+
+    await eventually_async(unlimited, what="no budget once the field is gone")

@@ -61,7 +61,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from airuntime.engine.model_budget import ModelBudgets
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -167,6 +170,9 @@ class StepContext:
     """The claim token this attempt runs under (see the module doc)."""
     fencing_seq: int = 0
     """The claim's sequence number in its execution: higher for every later claim."""
+    model_budgets: ModelBudgets | None = None
+    """The tenants' model token budgets (:mod:`airuntime.engine.model_budget`), which a
+    ``model`` step draws from; None outside a worker pool (a direct call: no budget)."""
     _cancel_requested: bool = field(default=False, repr=False)
     _cancel_flag: threading.Event | None = field(default=None, repr=False)
     """Created only when a sync handler waits (wait_cancelled): most attempts never do."""

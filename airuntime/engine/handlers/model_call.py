@@ -39,10 +39,16 @@ and 403 say the platform's credentials were refused and never quote the reply. T
 is read from the runtime's environment for each call and never appears in an output or
 an error. Each call is counted for the process's metrics
 (:mod:`~airuntime.engine.handlers.model_usage`).
+
+Budget: when the run's tenant has a ``model_token_budget``, the call first reserves its
+``max_tokens`` of it and afterwards settles with the tokens the provider reported
+(:mod:`~airuntime.engine.model_budget`); a budget without room fails the step, naming
+it, and the call is not made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Collection, Mapping, Sequence
@@ -59,6 +65,7 @@ from airuntime.engine.handlers.model_usage import CallOutcome, record_call, toke
 from airuntime.engine.handlers.reply_schema import UnusableSchema, reply_problem, schema_problem
 from airuntime.engine.handlers.retry_after import retry_after_s
 from airuntime.engine.handlers.settings import handler_settings
+from airuntime.engine.model_budget import BudgetSpent
 
 if TYPE_CHECKING:
     import httpx
@@ -507,9 +514,33 @@ def _parsed(request: ModelRequest, out: dict[str, Any]) -> dict[str, Any]:
 
 async def model_call(ctx: StepContext) -> dict[str, Any]:
     """The ``model`` handler (see the module doc)."""
+    request = parse_request(ctx.inputs, handler_settings().model_providers)
+    budgets, tenant = ctx.model_budgets, ctx.tenant_id
+    if budgets is None or not tenant:
+        return _parsed(request, await _call(request, tenant))
+    try:
+        reservation = await budgets.reserve(tenant, request.max_tokens)
+    except BudgetSpent:
+        record_call(tenant, request.provider_name, None, CallOutcome.REFUSED)
+        raise
+    if reservation is None:  # the tenant has no budget
+        return _parsed(request, await _call(request, tenant))
+    used = 0
+    try:
+        out = await _call(request, tenant)
+        usage = out["usage"]
+        used = token_count(usage["input_tokens"]) + token_count(usage["output_tokens"])
+        if usage["input_tokens"] is None and usage["output_tokens"] is None:
+            used = request.max_tokens  # no usage reported: the most the reply could be
+    finally:  # a failed (or cancelled) call used nothing: what it held is freed
+        await asyncio.shield(budgets.settle(reservation, used))
+    return _parsed(request, out)
+
+
+async def _call(request: ModelRequest, tenant: str | None) -> dict[str, Any]:
+    """One request to the provider, answered in the handler's shape (unparsed)."""
     import httpx
 
-    request = parse_request(ctx.inputs, handler_settings().model_providers)
     key = _api_key(request)
     build = _openai if request.provider.api is ModelApi.OPENAI else _anthropic
     url, headers, body = build(request, key)
@@ -520,15 +551,15 @@ async def model_call(ctx: StepContext) -> dict[str, Any]:
             response = await client.post(url, json=body, headers=headers)
         out = _answer(request, response, key)
     except (httpx.TransportError, httpx.TimeoutException) as exc:
-        record_call(ctx.tenant_id, name, None, CallOutcome.RETRIED)
+        record_call(tenant, name, None, CallOutcome.RETRIED)
         raise TransientError(f"provider {name!r}: POST {url}: {type(exc).__name__}: {exc}") from exc
     except TransientError:
-        record_call(ctx.tenant_id, name, None, CallOutcome.RETRIED)
+        record_call(tenant, name, None, CallOutcome.RETRIED)
         raise
     except StepFailed:
-        record_call(ctx.tenant_id, name, None, CallOutcome.FAILED)
+        record_call(tenant, name, None, CallOutcome.FAILED)
         raise
     usage = out["usage"]
     tokens = token_count(usage["input_tokens"]), token_count(usage["output_tokens"])
-    record_call(ctx.tenant_id, name, out["model"], CallOutcome.OK, *tokens)
-    return _parsed(request, out)
+    record_call(tenant, name, out["model"], CallOutcome.OK, *tokens)
+    return out

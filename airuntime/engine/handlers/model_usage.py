@@ -29,6 +29,8 @@ class CallOutcome(StrEnum):
     RETRIED = "retried"
     """Failed in a way the step's retry policy may retry (network, 429, 5xx, ...)."""
     FAILED = "failed"
+    REFUSED = "refused"
+    """Not made: the tenant's model token budget had no room for it."""
 
 
 @dataclass(frozen=True, slots=True)
