@@ -32,6 +32,7 @@ from airuntime.cli.listing import (
     Output,
     Updates,
     Watch,
+    local_time,
     output_format,
     print_listing,
 )
@@ -187,6 +188,16 @@ def _client(api: str | None, token: str | None, tenant: str | None) -> tuple[str
         known = ", ".join(tokens)
         raise invalid(f"--tenant: {tenant!r} is not a tenant of the running stack (known: {known})")
     return api or state["api_url"], token or tokens[tenant]
+
+
+def tenant_target(api: str | None, token: str | None, tenant: str | None) -> tuple[str, str, str]:
+    """The API URL, the token and the tenant a per-tenant command acts on: ``--tenant``
+    (required with --api/--token, whose token does not say it here), else the local
+    stack's ``default``."""
+    if api and token and not tenant:
+        raise invalid("--tenant: name the tenant to act on")
+    base, tok = _client(api, token, tenant)
+    return base, tok, tenant or "default"
 
 
 def submit(
@@ -392,8 +403,66 @@ MODEL_COLUMNS = (
 )
 
 
+def usage(
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            help="Whose budget: this tenant (and, on the local stack, its token). Default: "
+            "the local stack's 'default'; required with --api/--token."
+        ),
+    ] = None,
+    output: Output = None,
+    watch: Watch = False,
+    interval: Interval = 2.0,
+    updates: Updates = None,
+    api: _Api = None,
+    token: _Token = None,
+) -> None:
+    """The tenant's model token budget in its current window: tokens used, held by
+    model calls going on, remaining, and when it renews ("not limited" without one)."""
+    fmt = output_format(output, False)
+    base, tok, who = tenant_target(api, token, tenant)
+
+    def fetch() -> tuple[Any, list[Any]]:
+        body = api_call("GET", f"{base}/v1/tenants/{who}/model-usage", tok, timeout=30)
+        return body, [body]
+
+    print_listing(
+        fetch,
+        title=f"model tokens of {who}",
+        columns=USAGE_COLUMNS,
+        fmt=fmt,
+        watch=watch,
+        interval=interval,
+        updates=updates,
+    )
+
+
+def _tokens(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+USAGE_COLUMNS = (
+    Column("tenant", lambda u: u["tenant_id"], is_id=True),
+    Column(
+        "budget",
+        lambda u: f"{u['budget']:,} a {u['window']}" if u["budget"] is not None else "not limited",
+        no_wrap=True,
+    ),
+    Column("used", lambda u: _tokens(u["used"]), no_wrap=True),
+    Column("reserved", lambda u: _tokens(u["reserved"]), no_wrap=True),
+    Column("remaining", lambda u: _tokens(u["remaining"]), no_wrap=True),
+    Column(
+        "renews at",
+        lambda u: "-" if u["resets_at_ms"] is None else local_time(u["resets_at_ms"]),
+        no_wrap=True,
+    ),
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("drain")(drain)
     app.command("queue")(queue)
     app.command("models")(models)
+    app.command("usage")(usage)

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from airuntime.cli.client import _Api, _client, _Token, api_call
-from airuntime.cli.common import invalid, out
+from airuntime.cli.client import _Api, _Token, api_call, tenant_target
+from airuntime.cli.common import out
 from airuntime.cli.listing import Column, Output, local_time, output_format, print_listing
 
 secrets_app = typer.Typer(
@@ -33,13 +33,6 @@ _Tenant = Annotated[
 _Name = Annotated[str, typer.Argument(help="The secret's name (letters, digits, _).")]
 
 
-def _target(api: str | None, token: str | None, tenant: str | None) -> tuple[str, str, str]:
-    if api and token and not tenant:
-        raise invalid("--tenant: name the tenant whose secrets these are")
-    base, tok = _client(api, token, tenant)
-    return base, tok, tenant or "default"
-
-
 SECRET_COLUMNS = (
     Column("name", lambda s: s["name"], is_id=True),
     Column("set at", lambda s: local_time(s["updated_at_ms"]), no_wrap=True),
@@ -53,7 +46,7 @@ def list_secrets(
 ) -> None:
     """The tenant's secrets by name, when and by whom each was set (never a value)."""
     fmt = output_format(output, False)
-    base, tok, who = _target(api, token, tenant)
+    base, tok, who = tenant_target(api, token, tenant)
 
     def fetch() -> tuple[Any, list[Any]]:
         body = api_call("GET", f"{base}/v1/tenants/{who}/secrets", tok, timeout=30)
@@ -80,7 +73,7 @@ def _read_value(name: str) -> str:
 def set_secret(name: _Name, tenant: _Tenant = None, api: _Api = None, token: _Token = None) -> None:
     """Set a secret (created or replaced); the value comes from standard input, or a
     hidden prompt: `printf %s "$TOKEN" | airt secrets set API_TOKEN`."""
-    base, tok, who = _target(api, token, tenant)
+    base, tok, who = tenant_target(api, token, tenant)
     value = _read_value(name)
     body = api_call(
         "PUT", f"{base}/v1/tenants/{who}/secrets/{name}", tok, timeout=30, json={"value": value}
@@ -93,7 +86,7 @@ def delete_secret(
     name: _Name, tenant: _Tenant = None, api: _Api = None, token: _Token = None
 ) -> None:
     """Forget a secret: steps that name it fail from then on, naming it."""
-    base, tok, who = _target(api, token, tenant)
+    base, tok, who = tenant_target(api, token, tenant)
     api_call(
         "DELETE", f"{base}/v1/tenants/{who}/secrets/{name}", tok, timeout=30, expect_body=False
     )

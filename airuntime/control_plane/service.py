@@ -81,6 +81,7 @@ from airuntime.core.redis_client import RedisClient
 from airuntime.core.supervision import LoopContext, Supervisor
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.handlers import HandlerRegistry
+from airuntime.engine.model_budget import ModelBudgets
 from airuntime.engine.pipeline import PipelineError, Plan, PlanCache
 from airuntime.engine.pipeline.problems import Problem, format_loc
 from airuntime.engine.secret_refs import UnknownSecret, secret_uses
@@ -191,6 +192,8 @@ class ControlPlane:
         self.tenant_settings = TenantSettingsCache(self.registry)
         """What submits compile against (checked where the run is created)."""
         self.secrets = TenantSecrets(redis)
+        self.model_budgets = ModelBudgets(redis)
+        """The tenants' model token budgets, read for ``GET /v1/tenants/{t}/model-usage``."""
         """The tenants' secrets: a submit naming one its tenant has not stored is 422."""
         self.run_index = RunIndex(redis)
         self.executions = ExecutionStore(redis)

@@ -279,3 +279,40 @@ def test_secrets_are_set_from_stdin_listed_by_name_and_deleted(served: ServedCon
     assert "deleted" in ok(airt(served, "secrets", "delete", "API_TOKEN", *with_tenant))
     again = airt(served, "secrets", "delete", "API_TOKEN", *with_tenant)
     assert again.returncode == 2 and "not found" in again.stderr + again.stdout
+
+
+def test_usage_shows_the_tenants_model_token_budget(served: ServedControlPlane) -> None:
+    """``airt usage``: the budget, what is used, held and left, and when it renews; "not
+    limited" for a tenant without one; another tenant's is not found."""
+
+    async def budget_and_use(redis: Any, _history: Any) -> None:
+        from airuntime.engine.model_budget import BudgetWindow, ModelBudgets, ModelTokenBudget
+
+        await Registry(redis).put_tenant(
+            TenantSettings(
+                tenant_id="tenant-a",
+                model_token_budget=ModelTokenBudget(tokens=120_000, window=BudgetWindow.HOUR),
+            )
+        )
+        budgets = ModelBudgets(redis)
+        held = await budgets.reserve("tenant-a", 5_000)
+        assert held is not None
+        await budgets.settle(held, 1_234)
+        assert await budgets.reserve("tenant-a", 700) is not None  # a call going on
+
+    served.call(budget_and_use)
+    with_tenant = ("--tenant", "tenant-a")
+    row = json.loads(ok(airt(served, "usage", *with_tenant, "-o", "json")))
+    assert (row["budget"], row["window"], row["used"], row["reserved"], row["remaining"]) == (
+        120_000, "hour", 1_234, 700, 120_000 - 1_234 - 700
+    )  # fmt: skip
+    assert row["resets_at_ms"] - row["window_started_at_ms"] == 3_600_000
+    table = ok(airt(served, "usage", *with_tenant))
+    for shown in ("120,000 a hour", "1,234", "700", "118,066"):
+        assert shown in table, table
+    mine = json.loads(ok(airt(served, "usage", "--tenant", "tenant-b", "-o", "json",
+                              token="bob-b")))  # fmt: skip
+    assert mine["budget"] is None
+    assert "not limited" in ok(airt(served, "usage", "--tenant", "tenant-b", token="bob-b"))
+    other = airt(served, "usage", "--tenant", "tenant-a", token="bob-b")
+    assert other.returncode == 2 and "404" in other.stderr + other.stdout

@@ -141,6 +141,7 @@ OPERATIONS: Final = [
     ("GET", "/v1/tenants/{tenant_id}/settings"),
     ("PUT", "/v1/tenants/{tenant_id}/settings"),
     ("PUT", "/v1/tenants/{tenant_id}/step-slots"),
+    ("GET", "/v1/tenants/{tenant_id}/model-usage"),
     ("GET", "/v1/tenants/{tenant_id}/secrets"),
     ("PUT", "/v1/tenants/{tenant_id}/secrets/{name}"),
     ("DELETE", "/v1/tenants/{tenant_id}/secrets/{name}"),

@@ -140,7 +140,7 @@ async def world(
 ) -> AsyncIterator[World]:
     monkeypatch.setenv("AIRUNTIME_PYTHON_HANDLER_MODULES", ALLOWED_MODULE)
     registry = Registry(valkey)
-    await registry.put_tenant(_dedicated("tenant-a"))
+    await registry.put_tenant(_dedicated("tenant-a", model_token_budget=A_BUDGET))
     python_too = (*DEFAULT_ALLOWED_HANDLERS, "python")  # B may use python: the module
     await registry.put_tenant(_dedicated("tenant-b", allowed_handlers=python_too))  # rule decides
     a_host = RuntimeHost(valkey, _runtime("tenant-a"), http_port=0, token=RUNTIME_TOKEN)
@@ -319,6 +319,24 @@ async def _put_step_slots(world: World) -> None:
     assert own.status_code == 200 and own.json()["tenant_id"] == "tenant-b"
 
 
+A_BUDGET: Final = {"tokens": 424_242, "window": "month"}
+A_USAGE: Final = "/v1/tenants/tenant-a/model-usage"
+
+
+async def _model_usage(world: World) -> None:
+    """B cannot read A's model token budget (404: not even that A has one), nobody at all
+    (401); A reads its own, B its own (none)."""
+    resp = await world.call("GET", A_USAGE, BOB)
+    assert resp.status_code == 404, resp.text
+    _assert_clean(world, resp, "GET /v1/tenants/{id}/model-usage (B)")
+    assert "424" not in resp.text and "month" not in resp.text
+    assert (await world.call("GET", A_USAGE, NOBODY)).status_code == 401
+    mine = await world.call("GET", A_USAGE, ALICE)
+    assert mine.status_code == 200 and mine.json()["budget"] == 424_242, mine.text
+    own = await world.call("GET", "/v1/tenants/tenant-b/model-usage", BOB)
+    assert own.status_code == 200 and own.json()["budget"] is None, own.text
+
+
 A_SECRETS: Final = "/v1/tenants/tenant-a/secrets"
 
 
@@ -467,6 +485,7 @@ async def _mcp(world: World) -> None:
     for tool, args in (("list_runs", {}), ("queue_status", {}), ("list_instances", {}),
                        ("list_model_providers", {}),
                        ("list_secrets", {"tenant_id": "tenant-a"}),
+                       ("model_usage", {"tenant_id": "tenant-a"}),
                        ("get_tenant_settings", {"tenant_id": "tenant-a"})):  # fmt: skip
         resp = await _mcp_call(world, BOB, tool, **args)
         assert resp.status_code == 200, resp.text
@@ -498,6 +517,7 @@ REPLAYED: Final[dict[tuple[str, str], Replay]] = {
     ("GET", "/v1/tenants/{tenant_id}/settings"): _tenant_settings,
     ("PUT", "/v1/tenants/{tenant_id}/settings"): _put_tenant_settings,
     ("PUT", "/v1/tenants/{tenant_id}/step-slots"): _put_step_slots,
+    ("GET", "/v1/tenants/{tenant_id}/model-usage"): _model_usage,
     ("GET", "/v1/tenants/{tenant_id}/secrets"): _secrets,
     ("PUT", "/v1/tenants/{tenant_id}/secrets/{name}"): _put_secret,
     ("DELETE", "/v1/tenants/{tenant_id}/secrets/{name}"): _delete_secret,

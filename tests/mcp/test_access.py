@@ -37,6 +37,7 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "list_instances": {},
     "list_model_providers": {},
     "list_secrets": {},
+    "model_usage": {},
     "get_tenant_settings": {},
     "set_tenant_settings": {"settings": {"tenant_id": "tenant-a"}},
     "set_step_slots": {"limit": 1},

@@ -16,7 +16,7 @@ from airuntime.control_plane.rbac import Capability
 from airuntime.control_plane.settings import ControlPlaneSettings
 from airuntime.engine.ledger_batches import per_step
 from runtime_pod.config import InstanceConfig
-from tests.mcp.conftest import TINY, WAITING, mcp_session, ok, stack, until
+from tests.mcp.conftest import TINY, WAITING, mcp_session, ok, refused, stack, until
 
 
 async def test_tools_resources_and_prompts_are_listed_with_schemas_and_roles(
@@ -263,3 +263,28 @@ async def test_list_secrets_shows_names_never_values(
         assert value not in json.dumps(table)
         tools = {t.name for t in (await viewer.list_tools()).tools}
         assert not {t for t in tools if "secret" in t} - {"list_secrets"}, "no tool sets one"
+
+
+async def test_model_usage_shows_the_budget_and_where_the_tenant_stands(
+    valkey: Any, history: Any, manual: ControlPlaneSettings
+) -> None:
+    """An agent planning model steps asks how many tokens its tenant has left: none set
+    is "not limited" (null); once set, the window's use, what calls hold, what is left."""
+    from airuntime.engine.model_budget import ModelBudgets, ModelTokenBudget
+    from airuntime.fleet.registry import Registry
+    from airuntime.fleet.tenancy import TenantSettings
+
+    async with stack(valkey, history, manual) as s, mcp_session(s.url, "viewer-a") as viewer:
+        unlimited = await ok(viewer, "model_usage")
+        assert unlimited["tenant_id"] == "tenant-a" and unlimited["budget"] is None
+        await Registry(valkey).put_tenant(
+            TenantSettings(tenant_id="tenant-a", model_token_budget=ModelTokenBudget(tokens=900))
+        )
+        held = await ModelBudgets(valkey).reserve("tenant-a", 400)
+        assert held is not None
+        usage = await ok(viewer, "model_usage")
+        assert (usage["budget"], usage["window"], usage["used"], usage["reserved"]) == (
+            900, "day", 0, 400
+        )  # fmt: skip
+        assert usage["remaining"] == 500
+        assert "not found" in await refused(viewer, "model_usage", tenant_id="tenant-b")

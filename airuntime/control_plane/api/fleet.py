@@ -23,6 +23,7 @@ from airuntime.control_plane.api.deps import (
 from airuntime.control_plane.api.models import (
     InstanceView,
     ModelProviderView,
+    ModelUsageView,
     SecretRequest,
     SecretView,
     StepSlotsRequest,
@@ -106,6 +107,17 @@ async def set_step_slots(
     """Change how many step handlers the tenant's runtimes run at once (its own tenant,
     or any as admin); the runtimes apply it live."""
     return await operations.set_step_slots(context, who, tenant_id, body.limit)
+
+
+@router.get(
+    "/tenants/{tenant_id}/model-usage",
+    response_model=ModelUsageView,
+    responses={404: error("Not the caller's tenant.")},
+)
+async def model_usage(tenant_id: TenantId, who: Reader, context: Context) -> ModelUsageView:
+    """The tenant's model token budget (`model_token_budget` of its settings) and the
+    current window: tokens used, held by calls going on, remaining, when it renews."""
+    return await operations.model_usage(context, who, tenant_id)
 
 
 @router.get(

@@ -23,6 +23,7 @@ from airuntime.control_plane.rbac import TENANT_ID_PATTERN
 from airuntime.control_plane.settings import SubmitMode
 from airuntime.control_plane.shared_runs import SharedRunStatus
 from airuntime.control_plane.suspects import SuspectMark
+from airuntime.engine.model_budget import BudgetWindow
 from airuntime.fleet.registry import InstanceDescriptor
 
 MAX_INPUTS_BYTES: Final = 256 * 1024
@@ -159,6 +160,37 @@ class SecretView(_Body):
     name: str = Field(description="What an http step's header names: ${secrets.<name>}.")
     updated_at_ms: int = Field(description="When the value was last set (Unix ms).")
     updated_by: str = Field(description="Who set it (the token's user).")
+
+
+class ModelUsageView(_Body):
+    """A tenant's model token budget and where it stands in the current window."""
+
+    tenant_id: str
+    budget: int | None = Field(
+        default=None,
+        description="Tokens the tenant's model steps may use in a window; null: not limited "
+        "(the rest is then null too).",
+    )
+    window: BudgetWindow | None = Field(
+        default=None, description="The budget's calendar window (UTC)."
+    )
+    window_started_at_ms: int | None = Field(
+        default=None, description="When the current window began (Unix ms)."
+    )
+    resets_at_ms: int | None = Field(
+        default=None, description="When the next window begins (Unix ms)."
+    )
+    used: int | None = Field(
+        default=None, description="Tokens the calls that ended in this window reported."
+    )
+    reserved: int | None = Field(
+        default=None,
+        description="Tokens held by calls going on now (the longest reply each may get).",
+    )
+    remaining: int | None = Field(
+        default=None,
+        description="What a call may still reserve: budget - used - reserved, at least 0.",
+    )
 
 
 class DrainResponse(_Body):

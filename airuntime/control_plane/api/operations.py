@@ -28,6 +28,7 @@ from airuntime.control_plane.api.models import (
     DrainResponse,
     InstanceView,
     ModelProviderView,
+    ModelUsageView,
     PipelineYamlError,
     QueueResponse,
     SecretView,
@@ -462,6 +463,25 @@ async def set_step_slots(
     except ValidationError as exc:
         raise InvalidField("limit", str(exc)) from None
     return await put_tenant_settings(context, who, updated)
+
+
+async def model_usage(context: ApiContext, who: Principal, tenant_id: str) -> ModelUsageView:
+    """The tenant's model token budget and its current window (its own tenant, or any as
+    admin): read from Redis by the script that enforces it, so both judge one window."""
+    _own_tenant(who, tenant_id)
+    usage = await context.control_plane.model_budgets.usage(tenant_id)
+    if usage is None:
+        return ModelUsageView(tenant_id=tenant_id)
+    return ModelUsageView(
+        tenant_id=tenant_id,
+        budget=usage.budget,
+        window=usage.window,
+        window_started_at_ms=usage.started_at_ms,
+        resets_at_ms=usage.resets_at_ms,
+        used=usage.used,
+        reserved=usage.reserved,
+        remaining=usage.remaining,
+    )
 
 
 # -- secrets ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from airuntime.control_plane.api.models import (
     CancelResponse,
     DrainRequest,
     DrainResponse,
+    ModelUsageView,
     QueueResponse,
     SubmitRequest,
     SubmitResponse,
@@ -86,6 +87,7 @@ TOOL_CAPABILITIES: Final[dict[str, Capability]] = {
     "list_instances": Capability.READ,
     "list_model_providers": Capability.READ,
     "list_secrets": Capability.READ,
+    "model_usage": Capability.READ,
     "get_tenant_settings": Capability.READ,
     "set_tenant_settings": Capability.ADMIN,
     "set_step_slots": Capability.CANCEL,
@@ -331,6 +333,18 @@ class AirTools:
             return SecretTable(tenant_id=tenant, secrets=views)
 
         return await self._call(ctx, "list_secrets", act)
+
+    async def model_usage(
+        self, ctx: Ctx, tenant_id: Annotated[str | None, Field(pattern=TENANT_ID_PATTERN)] = None
+    ) -> ModelUsageView:
+        """A tenant's model token budget (default: the caller's tenant) and its current
+        window: tokens used, held by calls going on, remaining, and when it renews. A
+        model step that could pass the budget fails, naming it; budget null: not limited."""
+        return await self._call(
+            ctx,
+            "model_usage",
+            lambda who: operations.model_usage(self.context, who, tenant_id or who.tenant_id),
+        )
 
     async def get_tenant_settings(
         self, ctx: Ctx, tenant_id: Annotated[str | None, Field(pattern=TENANT_ID_PATTERN)] = None
