@@ -334,3 +334,43 @@ def test_instances_page(browser: Any, stack: Stack, artifacts: Path) -> None:
             assert page.get_by_role("rowheader", name=field, exact=True).count() == len(instances)
     page.screenshot(path=str(artifacts / "instances.png"), full_page=True)
     page.close()
+
+
+def test_instances_page_shows_the_model_token_budget(browser: Any, stack: Stack) -> None:
+    """Not limited until the tenant has a budget; then the window's use, what calls hold,
+    what is left and when it renews, as the API answers them."""
+    from airuntime.engine.model_budget import BudgetWindow, ModelBudgets, ModelTokenBudget
+    from airuntime.fleet.registry import Registry
+
+    page = sign_in(browser, stack, "alice-a")
+    page.goto(f"{stack.url}/ui/instances")
+    assert page.locator("p.model-tokens").inner_text() == "Model tokens: not limited."
+
+    async def budget(redis: Any, _history: Any) -> Any:
+        registry = Registry(redis)
+        before = await registry.tenant("tenant-a")
+        limited = ModelTokenBudget(tokens=250_000, window=BudgetWindow.MONTH)
+        await registry.put_tenant(before.model_copy(update={"model_token_budget": limited}))
+        budgets = ModelBudgets(redis)
+        held = await budgets.reserve("tenant-a", 40_000)
+        assert held is not None
+        await budgets.settle(held, 31_415)
+        assert await budgets.reserve("tenant-a", 2_048) is not None
+        return before
+
+    before = stack.served.call(budget)
+    try:
+        page.reload()
+        usage = stack.api.get("/v1/tenants/tenant-a/model-usage", headers=bearer("alice-a"))
+        shown = page.locator("p.model-tokens").inner_text()
+        body = usage.json()
+        assert (body["used"], body["reserved"], body["remaining"]) == (31_415, 2_048, 216_537)
+        assert shown.startswith("Model tokens: 31,415 of 250,000 used this month (UTC), 2,048 "
+                                "held by calls going on, 216,537 left; renews "), shown  # fmt: skip
+    finally:
+
+        async def restore(redis: Any, _history: Any) -> None:
+            await Registry(redis).put_tenant(before)
+
+        stack.served.call(restore)
+        page.close()

@@ -216,9 +216,11 @@ async def queue_page(request: Request, s: SignedIn) -> Response:
 @router.get("/instances")
 async def instances_page(request: Request, s: SignedIn) -> Response:
     """Every instance the tenant may run on with its capacity and heartbeat age, the
-    tenant's step-slot limit, and the scale-out requests with their phases."""
+    tenant's step-slot limit and model token budget, and the scale-out requests with
+    their phases."""
     visible = await fleet.instances(s.who, s.context)
     settings = await fleet.tenant_settings(s.who.tenant_id, s.who, s.context)
+    usage = await fleet.model_usage(s.who.tenant_id, s.who, s.context)
     requests = await s.context.control_plane.scale_outs.list()
     if not s.who.can(Capability.ADMIN):
         requests = [r for r in requests if r.tenant_id == s.who.tenant_id]
@@ -228,5 +230,6 @@ async def instances_page(request: Request, s: SignedIn) -> Response:
         s,
         instances=visible,
         settings=settings,
+        usage=usage,
         scale_outs=requests,
     )

@@ -47,6 +47,11 @@ def age(ms: int | None, now_ms: int | None = None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _count(value: int | None) -> str:
+    """A count with thousands separators (``1,234``), ``-`` for none."""
+    return "-" if value is None else f"{value:,}"
+
+
 def _json(value: Any) -> str:
     text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     return text if len(text) <= JSON_SHOWN else text[:JSON_SHOWN] + "\n... (cut)"
@@ -58,7 +63,7 @@ def state_class(status: str | None) -> str:
 
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-templates.env.filters.update(utc=_utc, age=age, pretty=_json, state=state_class)
+templates.env.filters.update(utc=_utc, age=age, pretty=_json, state=state_class, count=_count)
 templates.env.globals.update(prefix=PREFIX)
 
 
