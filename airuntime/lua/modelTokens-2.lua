@@ -25,17 +25,20 @@
     ARGV[5] the time in seconds since the epoch to judge the window by ('' or absent:
             the server's; given only by the tests of the calendar arithmetic)
 
-  Output (reserve, read):
+  Output:
+    reserve, read:
     {0}  the tenant has no budget (nothing is reserved or counted)
     {code, windowId, startS, endS, used, reserved, limit, window}
       code: 1 reserved (reserve) or read (read); -1 refused: used + reserved + asked
       would pass the limit (nothing changes)
-  Output (settle):
+    settle:
     1 settled, 0 the reservation's window has ended (nothing changes)
 ]]
+--- @include "nowMs"
+
 local op = ARGV[1]
 local now = tonumber(ARGV[5] or '')
-if not now then now = tonumber(redis.call('TIME')[1]) end
+if not now then now = nowMs() / 1000 end
 now = math.floor(now)
 
 if op == 'settle' then
