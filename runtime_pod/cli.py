@@ -28,6 +28,7 @@ from airuntime.cli.common import (
     console,
     handler_policy_or_exit,
     invalid,
+    secrets_keys_or_exit,
     setting_option,
     settings_from_options,
     tune_collector_or_exit,
@@ -123,6 +124,7 @@ def runtime(
             "plane sends it); without one the run intake would take runs from anyone"
         )
     store = _loaded_store(settings.settings_file)
+    secrets_keys_or_exit()  # kept for the pools: the variable goes with the scrub below
     scrub_secrets()  # read above; no handler of this process may find them
     configure_logs_or_exit()
     handler_policy_or_exit()

@@ -95,13 +95,28 @@ def configure_logs_or_exit() -> None:
     configure_logs(settings.log_level, settings.log_format)
 
 
+def secrets_keys_or_exit() -> None:
+    """``AIRUNTIME_SECRETS_KEYS`` read now and kept for the process (a runtime scrubs its
+    credentials from the environment next); malformed, an exit 2 naming it."""
+    from airuntime.core.errors import ConfigError
+    from airuntime.engine.secret_sealing import pin_sealer
+
+    try:
+        pin_sealer()
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
+
+
 def handler_policy_or_exit() -> None:
     """The platform's handler policy (:mod:`airuntime.engine.handlers.settings`: the
-    ``python`` modules, the ``http`` bounds, the model providers), read before anything
+    ``python`` modules, the ``http`` bounds, the model providers) and the keys tenant
+    secrets are sealed under (``AIRUNTIME_SECRETS_KEYS``), read before anything
     starts: a malformed variable is an exit 2 naming it, not a traceback or a 500 at the
     first pipeline compiled. The providers' JSON is not echoed (the message names the
     provider and the field)."""
+    from airuntime.core.errors import ConfigError
     from airuntime.engine.handlers.settings import HandlerSettings, handler_settings
+    from airuntime.engine.secret_sealing import configured_sealer
 
     try:
         handler_settings()
@@ -109,6 +124,10 @@ def handler_policy_or_exit() -> None:
         quoted = exc.errors()[0]["loc"][:1] != ("model_providers",)
         message = format_validation_error(exc, where=HandlerSettings.env_var, with_value=quoted)
         raise invalid(message) from None
+    try:
+        configured_sealer()  # the keys tenant secrets are sealed under (never echoed)
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
 
 
 def collector_threshold_or_exit() -> int:

@@ -66,6 +66,7 @@ def up(
     from airuntime.devstack.local_stack import (
         DEFAULT_TENANTS_SOURCE,
         load_tenants,
+        local_secrets_keys,
         running_stack,
         serve_control_plane,
         state_file,
@@ -78,11 +79,12 @@ def up(
     settings = ControlPlaneSettings(submit_mode=submit_mode)
     collector = collector_threshold_or_exit()  # refused before anything is started
     configure_logs_or_exit()
-    handler_policy_or_exit()
     try:
         prepared_home()  # the state file, logs and default history go there
     except ConfigError as exc:
         raise invalid(str(exc)) from None
+    local_secrets_keys()  # kept in the home: tenant secrets are sealed here too
+    handler_policy_or_exit()
     running = running_stack()
     if running is not None:
         # One stack a home: a second would replace the first's state file (its tokens

@@ -15,8 +15,9 @@ from typing import Annotated, Any
 import typer
 
 from airuntime.cli.client import _Api, _Token, api_call, tenant_target
-from airuntime.cli.common import out
+from airuntime.cli.common import RedisUrl, invalid, out
 from airuntime.cli.listing import Column, Output, local_time, output_format, print_listing
+from airuntime.core.settings import REDIS_URL_ENV
 
 secrets_app = typer.Typer(
     help="A tenant's secrets (values http steps send as ${secrets.NAME}): list, set, delete.",
@@ -37,6 +38,7 @@ SECRET_COLUMNS = (
     Column("name", lambda s: s["name"], is_id=True),
     Column("set at", lambda s: local_time(s["updated_at_ms"]), no_wrap=True),
     Column("set by", lambda s: s["updated_by"]),
+    Column("sealed", lambda s: s.get("sealed_with") or "no", no_wrap=True),
 )
 
 
@@ -91,6 +93,53 @@ def delete_secret(
         "DELETE", f"{base}/v1/tenants/{who}/secrets/{name}", tok, timeout=30, expect_body=False
     )
     out.print(f"secret {name} of {who} deleted", highlight=False)
+
+
+@secrets_app.command("reseal")
+def reseal(redis_url: RedisUrl = None) -> None:
+    """Seal every tenant's stored secrets under the first key of AIRUNTIME_SECRETS_KEYS
+    (values stored as written too): after putting a new key first, before dropping the
+    old one. Run by the platform's operators against the shared Redis; a value set
+    meanwhile is left as its setter sealed it; one no listed key opens is named, and
+    the exit status is 1."""
+    import asyncio
+
+    from airuntime.core.errors import ConfigError
+    from airuntime.core.redis_client import connect
+    from airuntime.engine.secret_sealing import SECRETS_KEYS_ENV, configured_sealer
+    from airuntime.engine.tenant_secrets import ResealReport, TenantSecrets
+
+    if not redis_url:
+        raise invalid(
+            f"--redis-url: airt secrets reseal works on the shared Redis: set {REDIS_URL_ENV}"
+        )
+    try:
+        sealer = configured_sealer()
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
+    if sealer is None:
+        raise invalid(f"{SECRETS_KEYS_ENV}: not set; reseal seals under its first key")
+
+    async def run() -> ResealReport:
+        client = connect(redis_url)
+        try:
+            return await TenantSecrets(client, sealer=sealer).reseal()
+        finally:
+            await client.aclose()
+
+    report = asyncio.run(run())
+    out.print(
+        f"sealed under key {sealer.fingerprint}: {report.sealed} resealed, {report.current} "
+        f"already, {report.changed} set meanwhile (left as set)",
+        highlight=False,
+    )
+    if report.unreadable:
+        out.print(
+            f"{len(report.unreadable)} no listed key opens (left as they are): "
+            + ", ".join(report.unreadable),
+            highlight=False,
+        )
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

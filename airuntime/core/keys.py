@@ -142,9 +142,12 @@ key                                 type    content / written by
                                             (transaction with the settings).
 ``air:{air}:tenant:<id>:settings``  string  TenantSettings JSON. registry (local YAML /
                                             operator).
-``air:{air}:tenant:<id>:secrets``   hash    secret name -> ``{value, updated_at_ms,
-                                            updated_by}`` JSON. putTenantSecret-1.lua
-                                            (the API's PUT), HDEL (DELETE); runtimes
+``air:{air}:tenant:<id>:secrets``   hash    secret name -> ``{value | sealed,
+                                            updated_at_ms, updated_by}`` JSON (sealed:
+                                            with AIRUNTIME_SECRETS_KEYS).
+                                            putTenantSecret-1.lua (the API's PUT),
+                                            resealTenantSecret-1.lua (``airt secrets
+                                            reseal``), HDEL (DELETE); runtimes
                                             read values by HMGET right before an
                                             ``http`` step sends (tenant_secrets).
 ``air:{air}:tenant:<id>:model-tokens`` hash window id, tokens used and reserved in

@@ -36,6 +36,7 @@ from airuntime.core.errors import ConfigError
 from airuntime.core.listening import listen_socket, serve_on
 from airuntime.core.redis_client import RedisClient, connect
 from airuntime.core.settings import HOME_ENV, airuntime_home
+from airuntime.engine.secret_sealing import SECRETS_KEYS_ENV
 from airuntime.fleet.tenancy import TenantSettings
 from airuntime.history import open_history_at_start
 from airuntime.history.settings import HistorySettings
@@ -49,6 +50,24 @@ class TenantsFile(BaseModel):
 
 def state_file() -> Path:
     return airuntime_home() / "up.json"
+
+
+def local_secrets_keys() -> None:
+    """``airt up`` seals tenant secrets as a deployment does: without
+    ``AIRUNTIME_SECRETS_KEYS`` it sets a key kept in ``$AIRUNTIME_HOME/secrets.keys``
+    (made once, readable by this user only; kept so a stack on a persistent Redis opens
+    what an earlier one sealed) for the control plane and the runtimes it starts."""
+    if os.environ.get(SECRETS_KEYS_ENV):
+        return
+    path = airuntime_home() / "secrets.keys"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(36) + "\n")
+    os.environ[SECRETS_KEYS_ENV] = path.read_text().strip()
 
 
 def default_tenants_text() -> str:

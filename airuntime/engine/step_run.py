@@ -46,6 +46,7 @@ from airuntime.engine.secret_refs import (
     substitute,
 )
 from airuntime.engine.store_results import Claim, FailOutcome
+from airuntime.engine.tenant_secrets import UnreadableSecret
 
 if TYPE_CHECKING:
     from airuntime.engine.participation import Participation
@@ -254,7 +255,10 @@ class StepRun:
         step, naming it, with no retry."""
         names = referenced(templates)
         tenant = self.part.tenant_id
-        values = await self.part.pool.secrets.values(tenant, names)
+        try:
+            values = await self.part.pool.secrets.values(tenant, names)
+        except UnreadableSecret as exc:  # sealed under a key this runtime does not hold
+            raise NonRetryableError(str(exc)) from None
         if len(values) < len(names):
             raise NonRetryableError(str(UnknownSecret(names - values.keys(), tenant)))
         self.secrets = tuple(values.values())

@@ -9,9 +9,9 @@ never a value.
 
 Storage: one Redis hash a tenant (:func:`airuntime.core.keys.tenant_secrets`), name ->
 ``{"value", "updated_at_ms", "updated_by"}`` JSON; the tenant id is the only partition
-key, so a run reads the secrets of its own tenant and no other. Values are held as
-Redis holds every run's inputs and outputs (see the README's trust model: the runtimes
-and the control plane hold the Redis credentials; encryption at rest is the server's).
+key, so a run reads the secrets of its own tenant and no other. With
+``AIRUNTIME_SECRETS_KEYS`` set the record holds the value sealed (``{"sealed", ...}``,
+:mod:`airuntime.engine.secret_sealing`), never the value; without, the value as written.
 """
 
 from __future__ import annotations
@@ -21,22 +21,32 @@ import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Final, Protocol
 
 from airuntime.core import keys
 from airuntime.core.redis_client import RedisClient
 from airuntime.core.scripts import ScriptLibrary, library
 from airuntime.engine.secret_refs import SECRET_NAME_PATTERN
+from airuntime.engine.secret_sealing import (
+    SECRETS_KEYS_ENV,
+    SealedValue,
+    Sealer,
+    Unsealable,
+    configured_sealer,
+)
 
 __all__ = [
     "MAX_SECRETS_PER_TENANT",
     "MAX_SECRET_VALUE_CHARS",
     "MIN_SECRET_VALUE_CHARS",
     "GivenSecrets",
+    "ResealReport",
     "SecretInfo",
     "SecretSource",
     "TenantSecrets",
     "TooManySecrets",
+    "UnreadableSecret",
     "value_problem",
 ]
 
@@ -50,6 +60,32 @@ _NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 class TooManySecrets(Exception):
     """A new name for a tenant that keeps :data:`MAX_SECRETS_PER_TENANT` already."""
+
+
+class UnreadableSecret(Exception):
+    """A stored secret this process cannot read (sealed under a key it does not hold)."""
+
+    def __init__(self, tenant_id: str, name: str, reason: str) -> None:
+        super().__init__(f"secret {name!r} of tenant {tenant_id!r} cannot be read: {reason}")
+        self.name = name
+
+
+class _From(Enum):
+    ENV = "env"
+
+
+@dataclass(frozen=True, slots=True)
+class ResealReport:
+    """What ``reseal`` did over every tenant's secrets."""
+
+    sealed: int
+    """Values sealed (again) under the first key: stored as written, or under another."""
+    current: int
+    """Values sealed under the first key already (left as they were)."""
+    changed: int
+    """Values set meanwhile by someone else (left as they were: sealed by the setter)."""
+    unreadable: list[str]
+    """``tenant/name`` of values no key here opens (left as they were)."""
 
 
 def value_problem(value: str) -> str | None:
@@ -78,22 +114,41 @@ class SecretInfo:
     name: str
     updated_at_ms: int
     updated_by: str
+    sealed_with: str | None = None
+    """The fingerprint of the key the value is sealed under; None: stored as written."""
 
 
 class TenantSecrets:
     """The secrets of every tenant on one Redis (each call names the tenant)."""
 
-    def __init__(self, redis: RedisClient, scripts: ScriptLibrary | None = None) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        scripts: ScriptLibrary | None = None,
+        sealer: Sealer | _From | None = _From.ENV,
+    ) -> None:
         self.redis = redis
         self.scripts = scripts or library()
+        self.sealer = configured_sealer() if sealer is _From.ENV else sealer
+        """Seals the values written and opens the values read (None: as written); by
+        default the one of ``AIRUNTIME_SECRETS_KEYS`` (a malformed one raises here)."""
+
+    def _record(self, tenant_id: str, name: str, value: str, at_ms: int, by: str) -> str:
+        record: dict[str, Any] = {"updated_at_ms": at_ms, "updated_by": by}
+        if self.sealer is None:
+            record["value"] = value
+        else:
+            record["sealed"] = self.sealer.seal(tenant_id, name, value).text
+        return json.dumps(record)
 
     async def put(self, tenant_id: str, name: str, value: str, updated_by: str) -> SecretInfo:
-        """Store ``value`` (checked by the caller: :func:`value_problem`) and answer what
-        anyone may know of it. Raises :class:`TooManySecrets` for a new name over the cap."""
-        info = SecretInfo(name, int(time.time() * 1000), updated_by)
-        record = json.dumps(
-            {"value": value, "updated_at_ms": info.updated_at_ms, "updated_by": updated_by}
-        )
+        """Store ``value`` (checked by the caller: :func:`value_problem`), sealed when this
+        process has keys, and answer what anyone may know of it. Raises
+        :class:`TooManySecrets` for a new name over the cap."""
+        at_ms = int(time.time() * 1000)
+        sealed_with = None if self.sealer is None else self.sealer.fingerprint
+        info = SecretInfo(name, at_ms, updated_by, sealed_with)
+        record = self._record(tenant_id, name, value, at_ms, updated_by)
         reply = await self.scripts.call(
             self.redis,
             "putTenantSecret",
@@ -117,11 +172,15 @@ class TenantSecrets:
         out = []
         for k, v in raw.items():
             record = _record(v)
+            sealed = record.get("sealed")
             out.append(
                 SecretInfo(
                     name=k.decode() if isinstance(k, bytes) else str(k),
                     updated_at_ms=int(record.get("updated_at_ms") or 0),
                     updated_by=str(record.get("updated_by") or ""),
+                    sealed_with=SealedValue(sealed).fingerprint
+                    if isinstance(sealed, str)
+                    else None,
                 )
             )
         return sorted(out, key=lambda s: s.name)
@@ -140,13 +199,72 @@ class TenantSecrets:
 
     async def values(self, tenant_id: str, names: Collection[str]) -> dict[str, str]:
         """The values of ``names`` of the tenant's secrets; a name it has not stored is
-        left out (the caller names what is missing)."""
+        left out (the caller names what is missing). Raises :class:`UnreadableSecret`
+        for a sealed value this process cannot open."""
         out: dict[str, str] = {}
         for name, raw in (await self._stored(tenant_id, names)).items():
-            value = _record(raw).get("value")
-            if isinstance(value, str) and value:
+            value = self._open(tenant_id, name, _record(raw))
+            if value:
                 out[name] = value
         return out
+
+    def _open(self, tenant_id: str, name: str, record: dict[str, Any]) -> str | None:
+        sealed = record.get("sealed")
+        if not isinstance(sealed, str):
+            value = record.get("value")
+            return value if isinstance(value, str) else None
+        if self.sealer is None:
+            raise UnreadableSecret(
+                tenant_id, name, f"it is sealed, and {SECRETS_KEYS_ENV} is not set here"
+            )
+        try:
+            return self.sealer.open(tenant_id, name, SealedValue(sealed))
+        except Unsealable as exc:
+            raise UnreadableSecret(tenant_id, name, str(exc)) from None
+
+    async def reseal(self) -> ResealReport:
+        """Seal every tenant's stored values under the first key (values stored as
+        written too): a key rotation's second step. Each record is replaced only if it is
+        still the one read (``resealTenantSecret-1.lua``), so a value set meanwhile wins."""
+        sealer = self.sealer
+        if sealer is None:
+            raise ValueError(f"{SECRETS_KEYS_ENV} is not set: there is no key to seal under")
+        sealed = current = changed = 0
+        unreadable: list[str] = []
+        head, tail = keys.tenant_secrets("\n").split("\n")
+        async for key in self.redis.scan_iter(match=keys.tenant_secrets("*"), count=500):
+            hash_key = key.decode() if isinstance(key, bytes) else str(key)
+            tenant_id = hash_key[len(head) : len(hash_key) - len(tail)]
+            raw_all: dict[Any, Any] = await self.redis.hgetall(hash_key)
+            for raw_name, raw in raw_all.items():
+                name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+                record = _record(raw)
+                stored = record.get("sealed")
+                if (
+                    isinstance(stored, str)
+                    and SealedValue(stored).fingerprint == sealer.fingerprint
+                ):
+                    current += 1
+                    continue
+                try:
+                    value = self._open(tenant_id, name, record)
+                except UnreadableSecret:
+                    unreadable.append(f"{tenant_id}/{name}")
+                    continue
+                if not value:
+                    continue
+                fresh = self._record(
+                    tenant_id, name, value, int(record.get("updated_at_ms") or 0),
+                    str(record.get("updated_by") or ""),
+                )  # fmt: skip
+                replaced = await self.scripts.call(
+                    self.redis, "resealTenantSecret", [hash_key], [name, raw, fresh]
+                )
+                if int(replaced) == 1:
+                    sealed += 1
+                else:
+                    changed += 1
+        return ResealReport(sealed, current, changed, sorted(unreadable))
 
 
 class SecretSource(Protocol):

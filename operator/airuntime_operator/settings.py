@@ -32,6 +32,7 @@ from airuntime.core.log_output import LogFormat, LogLevel, LogSettings, known_le
 from airuntime.core.redis_client import CLUSTER_ENV
 from airuntime.engine.handlers.model_providers import MODEL_PROVIDERS_ENV, parse_providers
 from airuntime.engine.handlers.settings import HandlerSettings
+from airuntime.engine.secret_sealing import SECRETS_KEYS_ENV
 from airuntime.fleet.instance_settings import RUNTIME_TOKEN_ENV
 
 __all__ = ["RUNTIME_IMAGE_REPOSITORY", "OperatorSettings", "SettingsError", "default_runtime_image"]
@@ -203,6 +204,21 @@ class OperatorSettings(BaseSettings):
     """Key of the runtime token in that Secret (``AIRUNTIME_OPERATOR_RUNTIME_TOKEN_KEY``,
     default ``token``)."""
 
+    secrets_keys_secret: str | None = Field(
+        default=None, min_length=1, validation_alias=_var("SECRETS_KEYS_SECRET")
+    )
+    """Secret holding the keys tenant secrets are sealed under
+    (``AIRUNTIME_OPERATOR_SECRETS_KEYS_SECRET``; it must exist in each pool's namespace).
+    Every runtime pod gets ``AIRUNTIME_SECRETS_KEYS`` from it through a secretKeyRef, so
+    it opens what the control plane (which reads the same Secret) sealed. Default
+    ``None``: runtimes hold no key, and read only values stored as written."""
+
+    secrets_keys_key: str = Field(
+        default="keys", min_length=1, validation_alias=_var("SECRETS_KEYS_KEY")
+    )
+    """Key of the keys in that Secret (``AIRUNTIME_OPERATOR_SECRETS_KEYS_KEY``, default
+    ``keys``)."""
+
     history_secret: str | None = Field(
         default=None, min_length=1, validation_alias=_var("HISTORY_SECRET")
     )
@@ -324,6 +340,9 @@ class OperatorSettings(BaseSettings):
         if self.runtime_token_secret:
             ref = {"name": self.runtime_token_secret, "key": self.runtime_token_key}
             env.append({"name": RUNTIME_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
+        if self.secrets_keys_secret:
+            ref = {"name": self.secrets_keys_secret, "key": self.secrets_keys_key}
+            env.append({"name": SECRETS_KEYS_ENV, "valueFrom": {"secretKeyRef": ref}})
         if self.history_secret:
             ref = {"name": self.history_secret, "key": self.history_secret_key}
             env.append({"name": HISTORY_DSN_ENV, "valueFrom": {"secretKeyRef": ref}})

@@ -42,6 +42,7 @@ def airt(
     token: str = "alice-a",
     columns: int = 80,
     stdin: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
@@ -50,6 +51,7 @@ def airt(
         "AIRUNTIME_REDIS_URL": served.redis_url,
         "COLUMNS": str(columns),
         "LINES": "50",
+        **(extra_env or {}),
     }
     code = "import sys; from airuntime.cli.app import main; sys.argv[0] = 'airt'; main()"
     return subprocess.run(
@@ -316,3 +318,39 @@ def test_usage_shows_the_tenants_model_token_budget(served: ServedControlPlane) 
     assert "not limited" in ok(airt(served, "usage", "--tenant", "tenant-b", token="bob-b"))
     other = airt(served, "usage", "--tenant", "tenant-a", token="bob-b")
     assert other.returncode == 2 and "404" in other.stderr + other.stdout
+
+
+def test_secrets_reseal_seals_every_stored_value_under_the_first_key(
+    served: ServedControlPlane,
+) -> None:
+    """``airt secrets reseal`` (platform operators, on the shared Redis): a value stored as
+    written is sealed under the first key and still reads the same; without keys, or with
+    a malformed one, it refuses naming the variable and changes nothing."""
+    from airuntime.engine.secret_sealing import Sealer
+    from airuntime.engine.tenant_secrets import TenantSecrets
+
+    key = "cli-rotation-key-" + "r" * 40
+    value = "stored-as-written-0123456789"
+
+    async def put_plain(redis: Any, _history: Any) -> None:
+        await TenantSecrets(redis, sealer=None).put("tenant-a", "LEGACY", value, "alice-a")
+
+    async def stored(redis: Any, _history: Any) -> tuple[bytes, dict[str, str]]:
+        raw = await redis.hget("air:{air}:tenant:tenant-a:secrets", "LEGACY")
+        opened = await TenantSecrets(redis, sealer=Sealer((key,))).values("tenant-a", {"LEGACY"})
+        return raw, opened
+
+    served.call(put_plain)
+    unset = airt(served, "secrets", "reseal")
+    assert unset.returncode == 2 and "AIRUNTIME_SECRETS_KEYS: not set" in unset.stderr
+    short = airt(served, "secrets", "reseal", extra_env={"AIRUNTIME_SECRETS_KEYS": "short"})
+    assert short.returncode == 2 and "key 1 has 5 characters" in short.stderr
+    assert served.call(stored)[0] is not None and value.encode() in served.call(stored)[0]
+    said = ok(airt(served, "secrets", "reseal", extra_env={"AIRUNTIME_SECRETS_KEYS": key}))
+    assert f"sealed under key {Sealer((key,)).fingerprint}: 1 resealed, 0 already" in said
+    raw, opened = served.call(stored)
+    assert value.encode() not in raw and opened == {"LEGACY": value}
+    listed = json.loads(ok(airt(served, "secrets", "list", "--tenant", "tenant-a", "-o", "json")))
+    assert [s["sealed_with"] for s in listed if s["name"] == "LEGACY"] == [
+        Sealer((key,)).fingerprint
+    ]

@@ -141,6 +141,12 @@ def test_a_home_that_is_not_a_directory_is_refused_naming_it(tmp_path: Path) -> 
             "AIRUNTIME_PYTHON_HANDLER_MODULES: 'os' may never be opened",
             id="python-modules",
         ),
+        pytest.param(
+            "AIRUNTIME_SECRETS_KEYS",
+            "sk-inline-1",
+            "AIRUNTIME_SECRETS_KEYS: key 1 has 11 characters, fewer than 32",
+            id="secrets-keys",
+        ),
     ],
 )
 def test_a_malformed_handler_policy_is_refused_before_anything_starts(

@@ -24,7 +24,8 @@ from airuntime.control_plane.service import ControlPlane
 from airuntime.core import keys
 from airuntime.engine.execution_store import ExecutionStore
 from airuntime.engine.pipeline.problems import format_loc
-from airuntime.engine.tenant_secrets import MAX_SECRETS_PER_TENANT
+from airuntime.engine.secret_sealing import Sealer
+from airuntime.engine.tenant_secrets import MAX_SECRETS_PER_TENANT, TenantSecrets
 from tests.control_plane.support import api_over, drain_until_finished
 from tests.echo_service import Echo, echo_service
 
@@ -397,3 +398,58 @@ async def test_a_reference_arriving_in_data_is_sent_as_text_not_as_the_secret(
     done = await drain_until_finished(world.cp, {srid: "tenant-a"})
     assert done[srid]["run"]["status"] == "completed", done
     assert echo.seen == ["${secrets.API_TOKEN}"]
+
+
+# -- sealed at rest (AIRUNTIME_SECRETS_KEYS) ----------------------------------------------------
+
+PLATFORM_KEY: Final = "platform-key-" + "p" * 40
+
+
+@pytest_asyncio.fixture
+async def sealed_world(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    """The control plane and the runtime hold the platform's key, as the chart sets them."""
+    monkeypatch.setenv("AIRUNTIME_SECRETS_KEYS", PLATFORM_KEY)
+    async with api_over(redis, TOKENS) as (client, cp):
+        world = World(client, cp, redis)
+        yield world
+        world.assert_no_value_answered()
+
+
+async def test_a_sealed_secret_is_in_no_key_and_still_sent(sealed_world: World, echo: Echo) -> None:
+    """With keys, Redis holds the value nowhere, not even in the tenant's secrets; the
+    listing names the key it is sealed under; the step still sends it and shows stars."""
+    world = sealed_world
+    put = await world.call(
+        "PUT", "/v1/tenants/tenant-a/secrets/API_TOKEN", "alice-a", {"value": A_VALUE}
+    )
+    assert put.status_code == 200, put.text
+    assert put.json()["sealed_with"] == Sealer((PLATFORM_KEY,)).fingerprint
+    (listed,) = (await world.call("GET", "/v1/tenants/tenant-a/secrets", "vera-a")).json()
+    assert listed["sealed_with"] == put.json()["sealed_with"]
+    assert await keys_holding(world.redis, A_VALUE) == []
+    srid, done = await run_to_end(world, "sam-a", "tenant-a", http_pipeline("/headers"), echo.base)
+    assert done["run"]["status"] == "completed", done
+    assert echo.seen == [f"Bearer {A_VALUE}"]
+    details = (await world.call("GET", f"/v1/runs/{srid}", "sam-a")).json()
+    output = details["execution"]["snapshot"]["steps"]["call"]["output"]
+    assert output == {"status": 200, "json": {"authorization": "Bearer ***"}}
+    assert await keys_holding(world.redis, A_VALUE) == []
+
+
+async def test_a_value_sealed_under_a_key_the_runtime_lacks_fails_the_step_sending_nothing(
+    sealed_world: World, echo: Echo
+) -> None:
+    """A control plane with other keys sealed it (a rotation half done): the step fails
+    at once, naming the secret and the variable, and the service gets no request."""
+    world = sealed_world
+    elsewhere = TenantSecrets(world.redis, sealer=Sealer(("another-key-" + "q" * 40,)))
+    await elsewhere.put("tenant-a", "API_TOKEN", A_VALUE, "alice")
+    pipeline = http_pipeline("/headers", retry={"max_attempts": 3, "backoff_initial_s": 0.01})
+    srid, done = await run_to_end(world, "sam-a", "tenant-a", pipeline, echo.base)
+    assert done["run"]["status"] == "failed", done
+    details = (await world.call("GET", f"/v1/runs/{srid}", "sam-a")).json()
+    step = details["execution"]["snapshot"]["steps"]["call"]
+    assert step["attempts"] == 1, "not retried: no retry brings the key"
+    assert "secret 'API_TOKEN' of tenant 'tenant-a' cannot be read" in step["error"]
+    assert "AIRUNTIME_SECRETS_KEYS here does not hold" in step["error"]
+    assert echo.seen == []

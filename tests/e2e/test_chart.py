@@ -932,11 +932,42 @@ def test_an_existing_runtime_token_secret_is_used_not_rendered(
     render: Callable[..., list[Doc]],
 ) -> None:
     docs = render({"runtimeToken": {"existingSecret": "rt", "existingSecretKey": "bearer"}})
-    names = [d["metadata"]["name"] for d in objects(docs, "Secret")]
-    assert names == ["rel-airuntime-tokens"], names
+    names = sorted(d["metadata"]["name"] for d in objects(docs, "Secret"))
+    assert names == ["rel-airuntime-secrets-keys", "rel-airuntime-tokens"], names
     (cp,) = [c for w, _, c in workloads(docs) if component(w) == "control-plane"]
     ref = env_of(cp)["AIRUNTIME_RUNTIME_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "rt", "key": "bearer"}
+
+
+def test_the_secrets_keys_reach_the_control_plane_and_through_the_operator_the_runtimes(
+    render: Callable[..., list[Doc]], helm: str, tmp_path: Path
+) -> None:
+    """One random key generated (kept across upgrades by lookup); the control plane reads
+    it through a secretKeyRef, the operator only names the Secret for runtime pods; an
+    existing Secret is used instead; a short key does not render."""
+    from airuntime.engine.secret_sealing import parse_keys
+
+    docs = render(None)
+    secret = one(docs, "Secret", "rel-airuntime-secrets-keys")
+    (key,) = parse_keys(base64.b64decode(secret["data"]["keys"]).decode())
+    assert len(key) == 48
+    (cp,) = [c for w, _, c in workloads(docs) if component(w) == "control-plane"]
+    (op,) = [c for w, _, c in workloads(docs) if component(w) == "operator"]
+    assert env_of(cp)["AIRUNTIME_SECRETS_KEYS"]["valueFrom"] == {
+        "secretKeyRef": {"name": "rel-airuntime-secrets-keys", "key": "keys"}
+    }
+    literal = _literal_env(op)
+    assert literal["AIRUNTIME_OPERATOR_SECRETS_KEYS_SECRET"] == "rel-airuntime-secrets-keys"
+    assert literal["AIRUNTIME_OPERATOR_SECRETS_KEYS_KEY"] == "keys"
+    assert "AIRUNTIME_SECRETS_KEYS" not in env_of(op), "the operator never holds a key"
+    mine = render({"secretsKeys": {"existingSecret": "sk", "existingSecretKey": "k"}})
+    assert not [d for d in objects(mine, "Secret") if "secrets-keys" in d["metadata"]["name"]]
+    (cp,) = [c for w, _, c in workloads(mine) if component(w) == "control-plane"]
+    assert env_of(cp)["AIRUNTIME_SECRETS_KEYS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "sk", "key": "k"
+    }  # fmt: skip
+    short = render_fails(helm, tmp_path, {"secretsKeys": {"value": "x" * 40 + ",short"}})
+    assert "at least 32 characters" in short
 
 
 def test_the_history_dsn_reaches_the_control_plane_through_a_secret(

@@ -125,6 +125,7 @@ PLATFORM = {
     "AIRUNTIME_REDIS_URL": "redis://valkey:6379/0",
     "AIRUNTIME_OPERATOR_RUNTIME_TOKEN_SECRET": "rel-airuntime-runtime-token",
     "AIRUNTIME_OPERATOR_RUNTIME_TOKEN_KEY": "token",
+    "AIRUNTIME_OPERATOR_SECRETS_KEYS_SECRET": "rel-airuntime-secrets-keys",
     "AIRUNTIME_PYTHON_HANDLER_MODULES": "mycompany.tools",
     "AIRUNTIME_HTTP_HANDLER_DENY_CIDRS": "203.0.113.0/24",
 }
@@ -138,6 +139,7 @@ def test_runtime_pods_get_the_platforms_token_and_handler_policy_over_the_pools(
         env=[
             {"name": "AIRUNTIME_PYTHON_HANDLER_MODULES", "value": "tests.chaos"},
             {"name": "AIRUNTIME_HTTP_HANDLER_ALLOW", "value": "0.0.0.0/0"},
+            {"name": "AIRUNTIME_SECRETS_KEYS", "value": "pool-chosen-key-" + "x" * 32},
             {"name": "LOG_LEVEL", "value": "debug"},
         ]
     )
@@ -149,6 +151,9 @@ def test_runtime_pods_get_the_platforms_token_and_handler_policy_over_the_pools(
     assert by_name["AIRUNTIME_RUNTIME_TOKEN"] == {
         "secretKeyRef": {"name": "rel-airuntime-runtime-token", "key": "token"}
     }
+    assert by_name["AIRUNTIME_SECRETS_KEYS"] == {
+        "secretKeyRef": {"name": "rel-airuntime-secrets-keys", "key": "keys"}
+    }, "the platform's keys, not the pool's"
     assert by_name["AIRUNTIME_PYTHON_HANDLER_MODULES"] == "mycompany.tools"
     assert by_name["AIRUNTIME_HTTP_HANDLER_DENY_CIDRS"] == "203.0.113.0/24"
     assert by_name["AIRUNTIME_HTTP_HANDLER_ALLOW"] == "", "the pool may not widen egress"

@@ -160,6 +160,11 @@ class SecretView(_Body):
     name: str = Field(description="What an http step's header names: ${secrets.<name>}.")
     updated_at_ms: int = Field(description="When the value was last set (Unix ms).")
     updated_by: str = Field(description="Who set it (the token's user).")
+    sealed_with: str | None = Field(
+        default=None,
+        description="Fingerprint of the platform key the value is sealed under at rest "
+        "(AIRUNTIME_SECRETS_KEYS); null: stored as written.",
+    )
 
 
 class ModelUsageView(_Body):

@@ -488,7 +488,12 @@ async def model_usage(context: ApiContext, who: Principal, tenant_id: str) -> Mo
 
 
 def _secret_view(info: SecretInfo) -> SecretView:
-    return SecretView(name=info.name, updated_at_ms=info.updated_at_ms, updated_by=info.updated_by)
+    return SecretView(
+        name=info.name,
+        updated_at_ms=info.updated_at_ms,
+        updated_by=info.updated_by,
+        sealed_with=info.sealed_with,
+    )
 
 
 async def secrets(context: ApiContext, who: Principal, tenant_id: str) -> list[SecretView]:

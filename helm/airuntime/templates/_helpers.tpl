@@ -175,6 +175,15 @@ imagePullSecrets:
 {{- if .Values.runtimeToken.existingSecret }}{{ .Values.runtimeToken.existingSecretKey }}{{ else }}token{{ end }}
 {{- end }}
 
+{{/* Secrets-keys Secret name and key (AIRUNTIME_SECRETS_KEYS). */}}
+{{- define "airuntime.secretsKeys.secretName" -}}
+{{- default (printf "%s-secrets-keys" (include "airuntime.fullname" .)) .Values.secretsKeys.existingSecret }}
+{{- end }}
+
+{{- define "airuntime.secretsKeys.secretKey" -}}
+{{- if .Values.secretsKeys.existingSecret }}{{ .Values.secretsKeys.existingSecretKey }}{{ else }}keys{{ end }}
+{{- end }}
+
 {{/* The platform's trust settings, identical on the control plane, the operator and
 (through the operator) every runtime pod. */}}
 {{- define "airuntime.handlerPolicyEnv" -}}
