@@ -438,6 +438,9 @@ def usage(
     )
 
 
+_PER = {"hour": "an hour", "day": "a day", "month": "a month"}
+
+
 def _tokens(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
@@ -446,7 +449,9 @@ USAGE_COLUMNS = (
     Column("tenant", lambda u: u["tenant_id"], is_id=True),
     Column(
         "budget",
-        lambda u: f"{u['budget']:,} a {u['window']}" if u["budget"] is not None else "not limited",
+        lambda u: (
+            f"{u['budget']:,} {_PER[u['window']]}" if u["budget"] is not None else "not limited"
+        ),
         no_wrap=True,
     ),
     Column("used", lambda u: _tokens(u["used"]), no_wrap=True),

@@ -310,7 +310,7 @@ def test_usage_shows_the_tenants_model_token_budget(served: ServedControlPlane) 
     )  # fmt: skip
     assert row["resets_at_ms"] - row["window_started_at_ms"] == 3_600_000
     table = ok(airt(served, "usage", *with_tenant))
-    for shown in ("120,000 a hour", "1,234", "700", "118,066"):
+    for shown in ("120,000 an hour", "1,234", "700", "118,066"):
         assert shown in table, table
     mine = json.loads(ok(airt(served, "usage", "--tenant", "tenant-b", "-o", "json",
                               token="bob-b")))  # fmt: skip

@@ -126,8 +126,9 @@ async def test_a_secret_is_set_listed_and_deleted_and_never_read_back(world: Wor
     put = await world.call("PUT", f"{path}/API_TOKEN", "alice-a", {"value": A_VALUE})
     assert put.status_code == 200, put.text
     view = put.json()
-    assert set(view) == {"name", "updated_at_ms", "updated_by"}
+    assert set(view) == {"name", "updated_at_ms", "updated_by", "sealed_with"}
     assert (view["name"], view["updated_by"]) == ("API_TOKEN", "alice-a")
+    assert view["sealed_with"] is None, "no AIRUNTIME_SECRETS_KEYS here: stored as written"
     for who in ("alice-a", "vera-a", "root"):  # a viewer and an admin read the names
         listed = await world.call("GET", path, who)
         assert listed.status_code == 200 and [s["name"] for s in listed.json()] == ["API_TOKEN"]

@@ -690,11 +690,13 @@ def test_control_plane_env_is_read_by_airt_control_plane(rendered: list[Doc]) ->
     from airuntime.control_plane.settings import ControlPlaneServerSettings as Settings
     from airuntime.core.log_output import LogSettings
     from airuntime.engine.handlers.settings import HandlerSettings
+    from airuntime.engine.secret_sealing import SECRETS_KEYS_ENV
 
     # airt control-plane reads the variables of its settings model (options override them).
     read = {Settings.env_var(field) for field in Settings.model_fields}
     read.add("AIRUNTIME_HOME")  # read by the shared core, not an option
     read.add("AIRUNTIME_REDIS_CLUSTER")  # read by the shared Redis client (redis.cluster)
+    read.add(SECRETS_KEYS_ENV)  # read at start by every command (engine.secret_sealing)
     read |= {HandlerSettings.env_var(field) for field in HandlerSettings.model_fields}
     read |= {LogSettings.env_var(field) for field in LogSettings.model_fields}  # its log
     (cp,) = [c for w, _, c in workloads(rendered) if component(w) == "control-plane"]
