@@ -446,7 +446,7 @@ def _tokens(value: int | None) -> str:
 
 
 USAGE_COLUMNS = (
-    Column("tenant", lambda u: u["tenant_id"], is_id=True),
+    Column("tenant", lambda u: u["tenant_id"], is_id=True, wide_only=True),  # in the title
     Column(
         "budget",
         lambda u: (

@@ -310,8 +310,9 @@ def test_usage_shows_the_tenants_model_token_budget(served: ServedControlPlane) 
     )  # fmt: skip
     assert row["resets_at_ms"] - row["window_started_at_ms"] == 3_600_000
     table = ok(airt(served, "usage", *with_tenant))
-    for shown in ("120,000 an hour", "1,234", "700", "118,066"):
+    for shown in ("model tokens of tenant-a", "120,000 an hour", "1,234", "700", "118,066"):
         assert shown in table, table
+    assert "…" not in table and all(len(line) <= 80 for line in table.splitlines()), table
     mine = json.loads(ok(airt(served, "usage", "--tenant", "tenant-b", "-o", "json",
                               token="bob-b")))  # fmt: skip
     assert mine["budget"] is None
