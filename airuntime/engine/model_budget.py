@@ -176,16 +176,9 @@ class ModelBudgets:
         """Count ``used`` tokens of the call and free what it held. Never raises: a
         settle that cannot be written leaves the reservation counted until the window
         ends (logged), and the step's result stands."""
+        r = reservation
         try:
-            await self.scripts.call(
-                self.redis,
-                _SCRIPT,
-                [
-                    keys.tenant_settings(reservation.tenant_id),
-                    keys.tenant_model_tokens(reservation.tenant_id),
-                ],
-                ["settle", reservation.tokens, max(0, used), reservation.window_id, ""],
-            )
+            await self._call(r.tenant_id, "settle", r.tokens, max(0, used), r.window_id, "")
         except (RedisError, OSError) as exc:
             log.warning(
                 "tenant %r: a model call's %d reserved tokens stay counted until the window "

@@ -516,15 +516,13 @@ async def model_call(ctx: StepContext) -> dict[str, Any]:
     """The ``model`` handler (see the module doc)."""
     request = parse_request(ctx.inputs, handler_settings().model_providers)
     budgets, tenant = ctx.model_budgets, ctx.tenant_id
-    if budgets is None or not tenant:
-        return _parsed(request, await _call(request, tenant))
-    try:
-        reservation = await budgets.reserve(tenant, request.max_tokens)
-    except BudgetSpent:
-        record_call(tenant, request.provider_name, None, CallOutcome.REFUSED)
-        raise
-    if reservation is None:  # the tenant has no budget
-        return _parsed(request, await _call(request, tenant))
+    reservation = None  # None: no budget (outside a pool, or the tenant has none)
+    if budgets is not None and tenant:
+        try:
+            reservation = await budgets.reserve(tenant, request.max_tokens)
+        except BudgetSpent:
+            record_call(tenant, request.provider_name, None, CallOutcome.REFUSED)
+            raise
     used = 0
     try:
         out = await _call(request, tenant)
@@ -533,7 +531,8 @@ async def model_call(ctx: StepContext) -> dict[str, Any]:
         if usage["input_tokens"] is None and usage["output_tokens"] is None:
             used = request.max_tokens  # no usage reported: the most the reply could be
     finally:  # a failed (or cancelled) call used nothing: what it held is freed
-        await asyncio.shield(budgets.settle(reservation, used))
+        if budgets is not None and reservation is not None:
+            await asyncio.shield(budgets.settle(reservation, used))
     return _parsed(request, out)
 
 
